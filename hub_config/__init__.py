@@ -1,0 +1,1 @@
+"""gputap's JupyterHub configuration and its one settings source."""
