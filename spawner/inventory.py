@@ -1,0 +1,215 @@
+"""What exists and what is free on one machine: NVML devices or a declared simulated inventory.
+
+``nvml_devices`` reads real GPUs and MIG devices (blocking: call it in an executor);
+``file_devices`` reads a YAML file of simulated cards for machines without GPUs. A
+:class:`DevicePool` tracks which device UUIDs each server holds, so two servers never share one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .catalog import MIG_FULL_SLICES, Catalog, offering_key
+from .placement import FreeView, Placement
+
+log = logging.getLogger(__name__)
+
+SIMULATED_NAMESPACE = uuid.UUID("6f1d3a52-8c1e-4d3b-9a57-0c2f6f0e7a10")
+_MIG_NAME_RE = re.compile(r"MIG\s+(\d+g\.\d+gb)")
+
+
+class InventoryUnavailable(RuntimeError):
+    """NVML is missing or sees no GPU."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One schedulable device: a whole GPU or a MIG device, by UUID."""
+
+    uuid: str
+    card: str
+    profile: str | None
+    gpu_index: int
+    memory_mib: int
+    simulated: bool = False
+
+    @property
+    def key(self) -> str:
+        return offering_key(self.card, self.profile)
+
+
+def nvml_devices(catalog: Catalog) -> list[Device]:
+    """Whole GPUs (MIG off) and MIG devices (MIG on) from NVML. Blocking."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise InventoryUnavailable(f"NVML unavailable: {e}") from None
+    try:
+        devices: list[Device] = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+            card = catalog.card_for_product(name)
+            if card is None:
+                log.warning("GPU %d (%s) is not in the catalog; add it to use it", index, name)
+                continue
+            try:
+                mig_on = pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+            except pynvml.NVMLError:
+                mig_on = False
+            if not mig_on:
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+                devices.append(
+                    Device(_text(pynvml.nvmlDeviceGetUUID(handle)), card.sku, None, index, memory)
+                )
+                continue
+            for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                try:
+                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except pynvml.NVMLError:
+                    continue
+                match = _MIG_NAME_RE.search(_text(pynvml.nvmlDeviceGetName(mig)))
+                if not match or card.profile(match[1]) is None:
+                    log.warning("MIG device %d/%d has an unknown profile; skipped", index, slot)
+                    continue
+                memory = pynvml.nvmlDeviceGetMemoryInfo(mig).total // 2**20
+                mig_uuid = _text(pynvml.nvmlDeviceGetUUID(mig))
+                devices.append(Device(mig_uuid, card.sku, match[1], index, memory))
+        if not devices:
+            raise InventoryUnavailable("NVML found no GPU that the catalog knows")
+        return devices
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
+    """Simulated devices declared in a YAML file (see hub_config/simulated-inventory.yaml)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    gpus = data.get("gpus")
+    if not isinstance(gpus, list):
+        raise ValueError(f"{path}: 'gpus' must be a list of {{card: SKU, mig: [profiles]}}")
+    node = str(data.get("node") or "localhost")
+    devices: list[Device] = []
+    for index, gpu in enumerate(gpus):
+        card = catalog.card(str(gpu.get("card")))
+        gpu_uuid = "GPU-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}"))
+        profiles = gpu.get("mig") or []
+        if not profiles:
+            memory = int(card.memory_gb * 1024)
+            devices.append(Device(gpu_uuid, card.sku, None, index, memory, simulated=True))
+            continue
+        counts = Counter(profiles)
+        used = 0
+        for name, n in counts.items():
+            profile = card.profile(name)
+            if profile is None:
+                raise ValueError(f"{path}: GPU {index} ({card.sku}) has no MIG profile {name}")
+            if n > profile.max_instances:
+                raise ValueError(
+                    f"{path}: GPU {index}: at most {profile.max_instances}× {name}, not {n}"
+                )
+            used += profile.compute_slices * n
+        if used > MIG_FULL_SLICES:
+            raise ValueError(f"{path}: GPU {index}: MIG slices need {used} of 7 compute slices")
+        for slot, name in enumerate(profiles):
+            mig_uuid = "MIG-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}/{slot}"))
+            memory = card.profile(name).memory_gb * 1024
+            devices.append(Device(mig_uuid, card.sku, name, index, memory, simulated=True))
+    return devices
+
+
+def load_local_devices(mode: str, inventory_file: str | Path, catalog: Catalog) -> list[Device]:
+    """``mode`` auto: NVML when it sees GPUs, else the simulated file; nvml; or file."""
+    if mode in ("auto", "nvml"):
+        try:
+            return nvml_devices(catalog)
+        except InventoryUnavailable as e:
+            if mode == "nvml":
+                raise
+            log.info("%s; using simulated inventory %s", e, inventory_file)
+    elif mode != "file":
+        raise ValueError(f"spawner.inventory must be auto, nvml or file, not {mode!r}")
+    return file_devices(inventory_file, catalog)
+
+
+class DevicePool:
+    """Devices of one machine and which server holds each. Synchronous, so one asyncio
+    step places and takes devices with no await in between: two spawns never share one."""
+
+    def __init__(self, devices: Iterable[Device], node: str = "localhost"):
+        self.node = node
+        self.devices: dict[str, Device] = {d.uuid: d for d in devices}
+        self.holder: dict[str, str] = {}
+
+    @property
+    def simulated(self) -> bool:
+        return any(d.simulated for d in self.devices.values())
+
+    def free_view(self) -> FreeView:
+        capacity: Counter[str] = Counter(d.key for d in self.devices.values())
+        free: Counter[str] = Counter(
+            d.key for d in self.devices.values() if d.uuid not in self.holder
+        )
+        view = FreeView()
+        for key, total in capacity.items():
+            view.set(key, self.node, free[key], total)
+        return view
+
+    def take(self, placement: Placement, holder: str) -> list[Device]:
+        """Take the devices for a placement made from :meth:`free_view`."""
+        if placement.offering.kind == "cpu":
+            return []
+        free = sorted(
+            (
+                d
+                for d in self.devices.values()
+                if d.key == placement.offering.key and d.uuid not in self.holder
+            ),
+            key=lambda d: (d.gpu_index, d.uuid),
+        )
+        if len(free) < placement.count:
+            raise RuntimeError(
+                f"{placement.offering.key}: {len(free)} free, {placement.count} asked"
+            )
+        chosen = free[: placement.count]
+        for device in chosen:
+            self.holder[device.uuid] = holder
+        return chosen
+
+    def claim(self, uuids: Iterable[str], holder: str) -> list[str]:
+        """Mark devices held again (a server re-attached after a hub restart).
+
+        Returns the UUIDs that no longer exist or that another server holds."""
+        problems = []
+        for device_uuid in uuids:
+            if device_uuid not in self.devices or self.holder.get(device_uuid, holder) != holder:
+                problems.append(device_uuid)
+            else:
+                self.holder[device_uuid] = holder
+        return problems
+
+    def release(self, holder: str) -> list[str]:
+        released = [u for u, h in self.holder.items() if h == holder]
+        for device_uuid in released:
+            del self.holder[device_uuid]
+        return released
+
+    def held_by(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = defaultdict(list)
+        for device_uuid, holder in self.holder.items():
+            result[holder].append(device_uuid)
+        return dict(result)

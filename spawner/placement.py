@@ -1,0 +1,363 @@
+"""Placement: a request plus what is free plus prices gives a Placement or a Refusal.
+
+Pure and synchronous: no I/O, no hub. The backends (local processes, Kubernetes) feed it a
+:class:`FreeView` of their inventory and turn the answer into devices or a pod.
+
+Requests (the ``user_options`` a user sends, validated by :func:`parse_request`):
+
+- ``{"kind": "card", "card": "A100-80GB", "count": 2}``: whole cards on one machine;
+- ``{"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}``: one MIG slice;
+- ``{"kind": "spec", "min_memory_gb": 32, "min_tflops": 80, "count": 1}``: the cheapest free
+  card (or, for one GPU, slice) with at least that memory and FP16 TFLOPS per GPU;
+- ``{"kind": "cpu"}``: no GPU. An empty request means CPU only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from .catalog import CPU_KEY, Catalog, Offering, offering_key
+
+#: Sanity bounds for spec requests: beyond these nothing could ever match.
+MAX_SPEC_MEMORY_GB = 10_000
+MAX_SPEC_TFLOPS = 100_000
+MAX_COUNT = 64
+
+
+class RequestError(ValueError):
+    """A request that can never be served as written (HTTP 400); the message says why."""
+
+
+@dataclass(frozen=True)
+class CardRequest:
+    card: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    card: str
+    profile: str
+
+    @property
+    def key(self) -> str:
+        return offering_key(self.card, self.profile)
+
+
+@dataclass(frozen=True)
+class SpecRequest:
+    min_memory_gb: float = 0
+    min_tflops: float = 0
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class CpuRequest:
+    pass
+
+
+Request = CardRequest | SliceRequest | SpecRequest | CpuRequest
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a request goes: ``count`` units of ``offering`` on ``node`` at a price per unit."""
+
+    offering: Offering
+    count: int
+    node: str
+    price_per_hour_micro: int
+
+    @property
+    def total_per_hour_micro(self) -> int:
+        return self.price_per_hour_micro * self.count
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """Something free now that the user could take instead."""
+
+    offering: Offering
+    free: int
+    price_per_hour_micro: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Nothing that fits is free now. ``reason`` says what was asked and what is free."""
+
+    reason: str
+    alternatives: tuple[Alternative, ...] = ()
+
+    @property
+    def message(self) -> str:
+        if not self.alternatives:
+            return f"{self.reason}. Nothing else is free right now; try again later."
+        listed = "; ".join(
+            f"{a.offering.label} at {format_credits(a.price_per_hour_micro)}/h ({a.free} free)"
+            for a in self.alternatives
+        )
+        return f"{self.reason}. Free now: {listed}."
+
+
+def format_credits(micro: int) -> str:
+    """Micro-credits as credits with two decimals (for messages; billing keeps integers)."""
+    return str((Decimal(micro) / 1_000_000).quantize(Decimal("0.01")))
+
+
+class FreeView:
+    """Free and total units per offering key and node, each update O(1).
+
+    Units are whole GPUs for a card key and MIG devices for a slice key. ``cpu`` needs no
+    entry: CPU-only servers are always placeable.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[str, dict[str, int]] = {}
+        self._capacity: dict[str, dict[str, int]] = {}
+        self._free_hist: dict[str, Counter[int]] = {}
+        self._capacity_hist: dict[str, Counter[int]] = {}
+        self._free_sum: Counter[str] = Counter()
+        self._total_sum: Counter[str] = Counter()
+
+    def set(self, key: str, node: str, free: int, capacity: int) -> None:
+        """Record that ``node`` has ``capacity`` units of ``key``, ``free`` of them free."""
+        if not 0 <= free <= capacity:
+            raise ValueError(f"{node} {key}: free {free} outside 0..{capacity}")
+        frees = self._free.setdefault(key, {})
+        caps = self._capacity.setdefault(key, {})
+        fh = self._free_hist.setdefault(key, Counter())
+        ch = self._capacity_hist.setdefault(key, Counter())
+        if node in frees:
+            old_free, old_cap = frees[node], caps[node]
+            fh[old_free] -= 1
+            ch[old_cap] -= 1
+            self._free_sum[key] -= old_free
+            self._total_sum[key] -= old_cap
+        if capacity == 0:
+            frees.pop(node, None)
+            caps.pop(node, None)
+            return
+        frees[node], caps[node] = free, capacity
+        fh[free] += 1
+        ch[capacity] += 1
+        self._free_sum[key] += free
+        self._total_sum[key] += capacity
+
+    def take(self, key: str, node: str, count: int) -> None:
+        self.set(key, node, self._free[key][node] - count, self._capacity[key][node])
+
+    def free_on(self, key: str) -> Mapping[str, int]:
+        return self._free.get(key, {})
+
+    def max_free(self, key: str) -> int:
+        hist = self._free_hist.get(key)
+        return max((n for n, nodes in hist.items() if nodes > 0), default=0) if hist else 0
+
+    def max_capacity(self, key: str) -> int:
+        hist = self._capacity_hist.get(key)
+        return max((n for n, nodes in hist.items() if nodes > 0), default=0) if hist else 0
+
+    def free(self, key: str) -> int:
+        return self._free_sum[key]
+
+    def total(self, key: str) -> int:
+        return self._total_sum[key]
+
+    def keys(self) -> list[str]:
+        return [k for k, total in self._total_sum.items() if total > 0]
+
+
+# -- validation ---------------------------------------------------------------------------
+
+_FIELDS = {
+    "card": {"kind", "card", "count"},
+    "slice": {"kind", "card", "profile"},
+    "spec": {"kind", "min_memory_gb", "min_tflops", "count"},
+    "cpu": {"kind"},
+}
+
+
+def _count(options: Mapping[str, Any]) -> int:
+    count = options.get("count", 1)
+    if isinstance(count, str) and count.strip().isdigit():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise RequestError(f"count must be a whole number of GPUs, not {count!r}")
+    if count < 1:
+        raise RequestError(f"count must be at least 1, not {count}")
+    if count > MAX_COUNT:
+        raise RequestError(f"count {count} is more than one server can hold (at most {MAX_COUNT})")
+    return count
+
+
+def _number(options: Mapping[str, Any], key: str, upper: float) -> float:
+    value = options.get(key, 0)
+    if isinstance(value, str):
+        try:
+            value = float(value) if value.strip() else 0
+        except ValueError:
+            raise RequestError(f"{key} must be a number, not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise RequestError(f"{key} must be a number, not {value!r}")
+    if value < 0:
+        raise RequestError(f"{key} must not be negative ({value})")
+    if value > upper:
+        raise RequestError(f"{key} {value} is beyond any GPU (at most {upper})")
+    return float(value)
+
+
+def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Request:
+    """Validate ``user_options`` into a Request, or raise RequestError saying what is wrong."""
+    if options is None or options == {}:
+        return CpuRequest()
+    if not isinstance(options, Mapping):
+        raise RequestError('options must be an object such as {"kind": "card", ...}')
+    kind = options.get("kind")
+    if kind not in _FIELDS:
+        raise RequestError(f"kind must be one of card, slice, spec, cpu (not {kind!r})")
+    unknown = sorted(set(options) - _FIELDS[kind])
+    if unknown:
+        allowed = ", ".join(sorted(_FIELDS[kind]))
+        raise RequestError(f"unknown option(s) {', '.join(unknown)} for kind {kind}; use {allowed}")
+    if kind == "cpu":
+        return CpuRequest()
+    if kind == "spec":
+        return SpecRequest(
+            min_memory_gb=_number(options, "min_memory_gb", MAX_SPEC_MEMORY_GB),
+            min_tflops=_number(options, "min_tflops", MAX_SPEC_TFLOPS),
+            count=_count(options),
+        )
+    sku = options.get("card")
+    if not isinstance(sku, str) or not sku:
+        raise RequestError('card must name a card, such as "A100-80GB"')
+    try:
+        card = catalog.card(sku)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if kind == "card":
+        return CardRequest(card.sku, _count(options))
+    profile = options.get("profile")
+    if not isinstance(profile, str) or card.profile(profile) is None:
+        names = ", ".join(p.name for p in card.mig_profiles) or "none: it has no MIG"
+        raise RequestError(f"{card.sku} has no MIG profile {profile!r}; its profiles: {names}")
+    return SliceRequest(card.sku, profile)
+
+
+# -- placement ----------------------------------------------------------------------------
+
+
+def _best_node(view: FreeView, key: str, count: int) -> str | None:
+    """Best fit: the node with the fewest free units that still holds ``count``; then name."""
+    best: tuple[int, str] | None = None
+    for node, free in view.free_on(key).items():
+        if free >= count and (best is None or (free, node) < best):
+            best = (free, node)
+    return best[1] if best else None
+
+
+def _rank(offering: Offering, price: int) -> tuple[int, float, float, str]:
+    return (price, -offering.fp16_tflops, -offering.memory_gb, offering.key)
+
+
+def _fits(offering: Offering, memory_gb: float, tflops: float, count: int) -> bool:
+    if offering.kind == "cpu":
+        return False
+    if offering.kind == "slice" and count > 1:
+        return False
+    return offering.memory_gb >= memory_gb and offering.fp16_tflops >= tflops
+
+
+def _alternatives(
+    view: FreeView,
+    catalog: Catalog,
+    prices: Mapping[str, int],
+    memory_gb: float,
+    tflops: float,
+    count: int,
+    exclude: str | None,
+    limit: int = 4,
+) -> tuple[Alternative, ...]:
+    free = [
+        (o, prices[o.key])
+        for key in view.keys()
+        if key != exclude and key in prices and view.max_free(key) >= count
+        for o in (catalog.offering(key),)
+        if o.kind != "slice" or count == 1
+    ]
+    fitting = [(o, p) for o, p in free if _fits(o, memory_gb, tflops, count)]
+    chosen = sorted(fitting or free, key=lambda op: _rank(*op))[:limit]
+    return tuple(Alternative(o, view.free(o.key), p) for o, p in chosen)
+
+
+def place(
+    request: Request, view: FreeView, catalog: Catalog, prices: Mapping[str, int]
+) -> Placement | Refusal:
+    """Answer a validated request from what is free now.
+
+    Raises RequestError for requests no machine here could ever serve (a card this platform
+    does not have, more GPUs than one machine holds, no price for it).
+    """
+    if isinstance(request, CpuRequest):
+        if CPU_KEY not in prices:
+            raise RequestError("CPU-only servers have no price; ask an operator to set one")
+        return Placement(catalog.cpu, 1, "", prices[CPU_KEY])
+
+    if isinstance(request, SpecRequest):
+        candidates = sorted(
+            (
+                (o, prices[o.key])
+                for o in catalog.offerings()
+                if o.key in prices
+                and _fits(o, request.min_memory_gb, request.min_tflops, 1)
+                and (o.kind == "card" or request.count == 1)
+            ),
+            key=lambda op: _rank(*op),
+        )
+        exists = False
+        for offering, price in candidates:
+            if view.max_capacity(offering.key) >= request.count:
+                exists = True
+                if view.max_free(offering.key) >= request.count:
+                    node = _best_node(view, offering.key, request.count)
+                    assert node is not None
+                    return Placement(offering, request.count, node, price)
+        need = (
+            f"{request.count}× GPU with ≥ {request.min_memory_gb:g} GB"
+            f" and ≥ {request.min_tflops:g} TFLOPS"
+        )
+        if not exists:
+            raise RequestError(f"no machine here has {need}; lower the memory, TFLOPS or count")
+        return Refusal(
+            f"No {need} is free now",
+            _alternatives(view, catalog, prices, 0, 0, request.count, None),
+        )
+
+    if isinstance(request, SliceRequest):
+        key, count = request.key, 1
+    else:
+        key, count = request.card, request.count
+    offering = catalog.offering(key)
+    if key not in prices:
+        raise RequestError(f"{offering.label} has no price; ask an operator to set one")
+    capacity = view.max_capacity(key)
+    if capacity == 0:
+        raise RequestError(f"this platform has no {offering.label}; choose another option")
+    if count > capacity:
+        raise RequestError(
+            f"{count}× {offering.label} do not fit on one machine here (at most {capacity})"
+        )
+    node = _best_node(view, key, count)
+    if node is not None:
+        return Placement(offering, count, node, prices[key])
+    what = offering.label if count == 1 else f"{count}× {offering.label} on one machine"
+    return Refusal(
+        f"No {what} free now ({view.free(key)} of {view.total(key)} free)",
+        _alternatives(
+            view, catalog, prices, offering.memory_gb, offering.fp16_tflops, count, exclude=key
+        ),
+    )
