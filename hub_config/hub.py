@@ -1,0 +1,198 @@
+"""Turn gputap settings into JupyterHub configuration.
+
+``jupyterhub_config.py`` calls :func:`apply` with the loaded settings; the same function
+serves `make demo`, the tests and (later) the Helm chart's hub image.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from .settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
+BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
+DEV_LOGIN_NOTICE = (
+    "Development login: any username, no password is checked. "
+    "Set hub.github.client_id and client_secret to log in with GitHub."
+)
+
+log = logging.getLogger("gputap.config")
+
+
+def proxy_command(hub: dict[str, Any]) -> list[str]:
+    if hub.get("proxy_command"):
+        return [str(hub["proxy_command"])]
+    return [str(ROOT / "node_modules" / ".bin" / "configurable-http-proxy")]
+
+
+def _url_path(base_url: str) -> str:
+    return "/" + base_url.strip("/") + "/" if base_url.strip("/") else "/"
+
+
+def billing_url(settings: Settings) -> str:
+    """Where the hub reaches the billing service directly (not through the proxy)."""
+    base = _url_path(settings.hub.get("base_url", "/"))
+    return f"http://127.0.0.1:{settings.billing['port']}{base}services/billing/"
+
+
+async def open_billing_account(authenticator, handler, authentication):
+    """post_auth_hook: open the user's billing account (with trial credit) at first login."""
+    from spawner.billing_client import BillingClient, BillingRefused, BillingUnavailable
+
+    spawner_config = authenticator.parent.config.GPULocalSpawner
+    client = BillingClient(spawner_config.billing_url, spawner_config.billing_token)
+    username = authenticator.normalize_username(authentication["name"])
+    try:
+        await client.open_account(username)
+    except (BillingUnavailable, BillingRefused) as e:
+        # login still works; the account is opened at the first spawn instead
+        authenticator.log.warning("billing account for %s not opened at login: %s", username, e)
+    return authentication
+
+
+def apply(c: Any, settings: Settings) -> None:
+    """Fill JupyterHub's config object ``c`` from settings."""
+    hub = settings.hub
+    data_dir = settings.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    base_url = _url_path(hub.get("base_url", "/"))
+
+    c.JupyterHub.ip = hub["ip"]
+    c.JupyterHub.port = int(hub["port"])
+    c.JupyterHub.hub_ip = "127.0.0.1"
+    c.JupyterHub.hub_port = int(hub["hub_port"])
+    c.JupyterHub.base_url = base_url
+    c.JupyterHub.db_url = hub["db_url"]
+    c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
+    c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
+    # servers keep running (and billing keeps counting) across hub restarts
+    c.JupyterHub.cleanup_servers = False
+    c.ConfigurableHTTPProxy.command = proxy_command(hub)
+    c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
+
+    _authentication(c, hub)
+
+    hub_token = secrets.token_hex(32)
+    c.JupyterHub.spawner_class = "spawner.local.GPULocalSpawner"
+    spawner = settings.spawner
+    venv_bin = str(Path(sys.executable).parent)
+    c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
+    c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+    c.Spawner.default_url = spawner.get("default_url", "/lab")
+    c.Spawner.start_timeout = int(spawner.get("start_timeout", 120))
+    c.Spawner.http_timeout = int(spawner.get("start_timeout", 120))
+    c.Spawner.poll_interval = 10
+    c.Spawner.environment = {
+        "PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
+        "LANG": "C.UTF-8",
+    }
+    c.GPULocalSpawner.inventory = spawner.get("inventory", "auto")
+    if spawner.get("inventory_file"):
+        c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
+    c.GPULocalSpawner.homes_root = spawner["homes_root"]
+    c.GPULocalSpawner.run_as_system_user = bool(spawner.get("run_as_system_user", False))
+    c.GPULocalSpawner.billing_url = billing_url(settings)
+    c.GPULocalSpawner.billing_token = hub_token
+    c.GPULocalSpawner.catalog_cards = settings.catalog.get("cards") or {}
+    c.JupyterHub.extra_handlers = _preview_handlers()
+
+    _services(c, settings, hub_token)
+
+
+def _preview_handlers() -> list:
+    from spawner.preview import handlers
+
+    return list(handlers)
+
+
+def _authentication(c: Any, hub: dict[str, Any]) -> None:
+    github = hub.get("github") or {}
+    admins = set(hub.get("admin_users") or [])
+    c.Authenticator.admin_users = admins
+    c.Authenticator.post_auth_hook = open_billing_account
+    if github.get("client_id"):
+        c.JupyterHub.authenticator_class = "github"
+        c.GitHubOAuthenticator.client_id = github["client_id"]
+        c.GitHubOAuthenticator.client_secret = github.get("client_secret", "")
+        if github.get("callback_url"):
+            c.GitHubOAuthenticator.oauth_callback_url = github["callback_url"]
+        if github.get("github_url"):
+            c.GitHubOAuthenticator.github_url = github["github_url"]
+        orgs = set(github.get("allowed_organizations") or [])
+        c.GitHubOAuthenticator.scope = ["read:org"]
+        c.GitHubOAuthenticator.populate_teams_in_auth_state = True
+        if orgs:
+            c.GitHubOAuthenticator.allowed_organizations = orgs
+        else:
+            c.GitHubOAuthenticator.allow_all = True
+        return
+    c.JupyterHub.authenticator_class = "dummy"
+    c.Authenticator.allow_all = True
+    c.JupyterHub.template_vars = {"announcement_login": DEV_LOGIN_NOTICE}
+
+
+def _services(c: Any, settings: Settings, hub_token: str) -> None:
+    hub = settings.hub
+    passthrough = {k: v for k, v in os.environ.items() if k.startswith("GPUTAP_")}
+    if settings.source:
+        passthrough["GPUTAP_SETTINGS"] = str(settings.source)
+    services: list[dict[str, Any]] = [
+        {
+            "name": "billing",
+            "display_name": "Billing",
+            "url": f"http://127.0.0.1:{settings.billing['port']}",
+            "command": [sys.executable, "-m", "billing_service"],
+            "environment": passthrough,
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE],
+        },
+        {"name": "gputap-hub", "api_token": hub_token},
+    ]
+    roles: list[dict[str, Any]] = [
+        {
+            "name": "user",
+            "description": "Everyone: their own servers, and their billing page",
+            "scopes": ["self", "access:services!service=billing"],
+        },
+        {
+            "name": "gputap-hub",
+            "description": "The hub's spawner: prices, admission and billing sessions",
+            "scopes": [BILLING_HUB_SCOPE, "access:services!service=billing"],
+            "services": ["gputap-hub"],
+        },
+        {
+            "name": "gputap-billing",
+            "description": "Billing: reconcile servers and stop them when credit runs out",
+            "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
+            "services": ["billing"],
+        },
+        {
+            "name": "gputap-billing-admin",
+            "description": "Admins see every account and grant credit",
+            "scopes": [BILLING_ADMIN_SCOPE, "access:services!service=billing"],
+            "users": sorted(hub.get("admin_users") or []),
+        },
+    ]
+    for extra in hub.get("services") or []:
+        name = extra["name"]
+        services.append({"name": name, "api_token": extra["api_token"]})
+        roles.append(
+            {
+                "name": f"service-{name}",
+                "scopes": list(extra.get("scopes") or []),
+                "services": [name],
+            }
+        )
+    c.JupyterHub.services = services
+    c.JupyterHub.load_roles = roles
+    c.JupyterHub.custom_scopes = {
+        BILLING_HUB_SCOPE: {"description": "Open accounts, admit spawns, start and stop sessions"},
+        BILLING_ADMIN_SCOPE: {"description": "Read every billing account and adjust credit"},
+    }

@@ -1,0 +1,204 @@
+"""What both backends share on the hub side: the form, option validation, placement against
+live prices, admission and billing sessions.
+
+A backend (``GPULocalSpawner``, later the Kubernetes one) mixes :class:`GPUSpawnerMixin` in
+before its JupyterHub spawner class and provides ``async gpu_free_view() -> (FreeView, simulated)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+from tornado import web
+from traitlets import Dict, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from .billing_client import BillingClient, BillingRefused, BillingUnavailable
+from .catalog import CPU_KEY, Catalog
+from .form import Choice, options_from_form, preview_answer, render_form
+from .placement import (
+    FreeView,
+    Placement,
+    Refusal,
+    Request,
+    RequestError,
+    parse_request,
+    place,
+)
+
+log = logging.getLogger(__name__)
+
+PREVIEW_PATH = "gputap/preview"
+_CATALOGS: dict[str, Catalog] = {}
+
+
+def utcnow() -> datetime:
+    """The one clock of the hub side (tests may move it)."""
+    return datetime.now(UTC)
+
+
+def load_catalog(cards: dict[str, Any]) -> Catalog:
+    """The catalog with operator edits, built once per distinct configuration."""
+    key = json.dumps(cards, sort_keys=True)
+    if key not in _CATALOGS:
+        _CATALOGS[key] = Catalog.load({"cards": cards})
+    return _CATALOGS[key]
+
+
+def billing_unavailable(e: Exception) -> web.HTTPError:
+    return web.HTTPError(
+        503,
+        "Billing is unreachable, so no server can start now (nothing is charged). "
+        f"Try again in a minute; if it persists, tell an operator. ({e})",
+    )
+
+
+class GPUSpawnerMixin(LoggingConfigurable):
+    """Form, validation, placement and billing glue shared by gputap's spawners."""
+
+    billing_url = Unicode(
+        "",
+        config=True,
+        help="""Base URL of the billing service as the hub reaches it.
+
+        c.GPULocalSpawner.billing_url = "http://127.0.0.1:8091/services/billing/"
+        """,
+    )
+
+    billing_token = Unicode(
+        config=True,
+        help="""API token the hub uses for billing (scope custom:gputap-billing:hub).
+
+        Defaults to $GPUTAP_BILLING_TOKEN. c.GPULocalSpawner.billing_token = "..."
+        """,
+    )
+
+    @default("billing_token")
+    def _default_billing_token(self) -> str:
+        return os.environ.get("GPUTAP_BILLING_TOKEN", "")
+
+    catalog_cards = Dict(
+        config=True,
+        help="""Cards to add or edit, merged over spawner/catalog.yaml (same keys).
+
+        c.GPULocalSpawner.catalog_cards = {"RTX-5090": {"memory_gb": 32, "fp16_tflops": 209.5,
+                                           "products": ["NVIDIA-GeForce-RTX-5090"]}}
+        """,
+    )
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options_from_form
+
+    @property
+    def catalog(self) -> Catalog:
+        return load_catalog(self.catalog_cards)
+
+    @property
+    def billing(self) -> BillingClient:
+        return BillingClient(self.billing_url, self.billing_token)
+
+    @property
+    def _log_name(self) -> str:
+        return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    # -- prices and choices --------------------------------------------------------------
+
+    async def prices_for(self, view: FreeView) -> dict[str, int]:
+        """Prices of everything this inventory holds, from billing (503 if unreachable)."""
+        try:
+            return await self.billing.prices(sorted(view.keys()) + [CPU_KEY])
+        except BillingUnavailable as e:
+            raise billing_unavailable(e) from None
+
+    async def choices(self) -> tuple[list[Choice], bool]:
+        view, simulated = await self.gpu_free_view()
+        prices = await self.prices_for(view)
+        result = []
+        for key in view.keys():
+            offering = self.catalog.offering(key)
+            alternatives: tuple = ()
+            if view.max_free(key) == 0:
+                answer = place(self._request_for(offering), view, self.catalog, prices)
+                alternatives = answer.alternatives if isinstance(answer, Refusal) else ()
+            result.append(
+                Choice(
+                    offering,
+                    view.free(key),
+                    view.total(key),
+                    view.max_capacity(key),
+                    prices.get(key),
+                    alternatives,
+                )
+            )
+        result.sort(key=lambda c: (c.price_per_hour_micro or 0, c.offering.key))
+        result.append(Choice(self.catalog.cpu, 1, 1, 1, prices.get(CPU_KEY)))
+        return result, simulated
+
+    def _request_for(self, offering) -> Request:
+        options: dict[str, Any] = {"kind": offering.kind, "card": offering.card}
+        if offering.kind == "slice":
+            options["profile"] = offering.profile
+        return parse_request(options, self.catalog)
+
+    async def _render_options_form(self, spawner=None) -> str:
+        try:
+            account = await self.billing.open_account(self.user.name)
+        except (BillingUnavailable, BillingRefused) as e:
+            raise billing_unavailable(e) from None
+        choices, simulated = await self.choices()
+        return render_form(
+            choices,
+            available_micro=account["available_micro"],
+            currency=account.get("currency", "credits"),
+            simulated=simulated,
+            preview_url=self.hub.base_url + PREVIEW_PATH,
+        )
+
+    # -- requests ------------------------------------------------------------------------
+
+    def gpu_request(self, options: dict[str, Any] | None = None) -> Request:
+        """``user_options`` as a validated Request; 400 saying what is wrong otherwise."""
+        try:
+            return parse_request(self.user_options if options is None else options, self.catalog)
+        except RequestError as e:
+            raise web.HTTPError(400, f"Invalid server options: {e}") from None
+
+    def decide(
+        self, request: Request, view: FreeView, prices: dict[str, int]
+    ) -> Placement | Refusal:
+        try:
+            return place(request, view, self.catalog, prices)
+        except RequestError as e:
+            raise web.HTTPError(400, f"Invalid server options: {e}") from None
+
+    async def preview(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Which card a request would get now, without taking anything."""
+        try:
+            request = parse_request(options, self.catalog)
+        except RequestError as e:
+            return {"ok": False, "message": f"Invalid request: {e}"}
+        view, simulated = await self.gpu_free_view()
+        prices = await self.prices_for(view)
+        try:
+            answer = place(request, view, self.catalog, prices)
+        except RequestError as e:
+            return {"ok": False, "message": str(e)[:1].upper() + str(e)[1:] + "."}
+        return preview_answer(answer, simulated)
+
+    async def admit(self, placement: Placement) -> None:
+        """Ask billing whether the user's credit covers the minimum billable period."""
+        try:
+            await self.billing.admit(self.user.name, placement.offering.key, placement.count)
+        except BillingRefused as e:
+            raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None
+        except BillingUnavailable as e:
+            raise billing_unavailable(e) from None

@@ -1,0 +1,103 @@
+"""The hub's side of the billing API (prices, accounts, admission, sessions), over HTTP.
+
+The spawner never imports billing code: it asks the billing service, and when billing cannot be
+reached it refuses new spawns (fail closed) with a message that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+log = logging.getLogger(__name__)
+
+
+class BillingUnavailable(RuntimeError):
+    """Billing did not answer, or answered with a server error."""
+
+
+class BillingRefused(Exception):
+    """Billing said no (4xx); ``message`` is written for the user."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class BillingClient:
+    """Calls the billing service with the hub's billing token."""
+
+    def __init__(self, url: str, token: str, timeout: float = 10):
+        self.url = url.rstrip("/") + "/"
+        self.token = token
+        self.timeout = timeout
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = HTTPRequest(
+            self.url + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=None if body is None else json.dumps(body),
+            request_timeout=self.timeout,
+            connect_timeout=self.timeout,
+            allow_nonstandard_methods=True,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            if e.code < 500 and e.response is not None:
+                try:
+                    message = json.loads(e.response.body or b"{}").get("message")
+                except ValueError:
+                    message = None
+                raise BillingRefused(e.code, message or f"billing refused ({e.code})") from None
+            raise BillingUnavailable(f"billing answered {e.code} to {method} {path}") from None
+        except OSError as e:
+            raise BillingUnavailable(f"billing unreachable: {e.strerror or e}") from None
+        return json.loads(response.body) if response.body else None
+
+    async def prices(self, skus: list[str]) -> dict[str, int]:
+        """Price per hour in micro-credits of each SKU that has one."""
+        query = urlencode([("sku", s) for s in skus])
+        answer = await self._call("GET", f"api/prices?{query}")
+        return {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
+
+    async def open_account(self, username: str) -> dict[str, Any]:
+        return await self._call("PUT", f"api/accounts/{quote(username, safe='')}", {})
+
+    async def account(self, username: str) -> dict[str, Any]:
+        return await self._call("GET", f"api/accounts/{quote(username, safe='')}")
+
+    async def admit(self, username: str, sku: str, count: int) -> dict[str, Any]:
+        """Raises BillingRefused with billing's explanation when credit does not cover it."""
+        body = {"username": username, "sku": sku, "count": count}
+        return await self._call("POST", "api/admission", body)
+
+    async def start_session(
+        self,
+        session_id: str,
+        username: str,
+        server_name: str,
+        sku: str,
+        count: int,
+        started_at: datetime,
+    ) -> dict[str, Any]:
+        body = {
+            "id": session_id,
+            "username": username,
+            "server_name": server_name,
+            "sku": sku,
+            "count": count,
+            "started_at": started_at.isoformat(),
+        }
+        return await self._call("POST", "api/sessions", body)
+
+    async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:
+        path = f"api/sessions/{quote(session_id, safe='')}/stop"
+        return await self._call("POST", path, {"ended_at": ended_at.isoformat()})

@@ -1,0 +1,241 @@
+"""The spawn form: every option with what it is, how many are free, its price and how long
+the user's credit lasts at that price; sold-out options with free alternatives; a spec request
+with a live preview of the card it would get.
+
+Pure: rendering takes data and returns HTML; ``options_from_form`` turns the posted fields
+into the same ``user_options`` the REST API accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+
+from .catalog import Offering
+from .placement import Alternative, Placement, Refusal, format_credits
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One option of the form, with its live numbers."""
+
+    offering: Offering
+    free: int
+    total: int
+    max_count: int
+    price_per_hour_micro: int | None
+    alternatives: tuple[Alternative, ...] = ()
+
+
+def format_duration(seconds: int | None) -> str:
+    """Seconds as "2 h 05 min", "45 min" or "under 1 min"."""
+    if seconds is None:
+        return "unlimited"
+    if seconds < 60:
+        return "under 1 min"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
+
+
+def credit_lasts(available_micro: int, price_per_hour_micro: int) -> int:
+    """Whole seconds the available credit pays for at a price per hour."""
+    if price_per_hour_micro <= 0:
+        return 0
+    return max(0, available_micro) * 3600 // price_per_hour_micro
+
+
+def _value(choice: Choice) -> str:
+    o = choice.offering
+    return f"{o.kind}:{o.key}"
+
+
+def _what(offering: Offering) -> str:
+    if offering.kind == "cpu":
+        return "no GPU"
+    return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS"
+
+
+def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool) -> str:
+    o = choice.offering
+    price = choice.price_per_hour_micro
+    sold_out = o.kind != "cpu" and choice.free == 0
+    label = escape(o.label) + (' <span class="gputap-sim">simulated</span>' if simulated else "")
+    if o.kind == "cpu":
+        availability = "always available"
+    elif sold_out:
+        availability = f'<span class="gputap-soldout">sold out</span> (0 of {choice.total})'
+    else:
+        availability = f"{choice.free} of {choice.total} free"
+    lasts = (
+        f"credit lasts {format_duration(credit_lasts(available_micro, price))}"
+        if price
+        else "no price set"
+    )
+    count = ""
+    if o.kind == "card" and choice.max_count > 1:
+        options = "".join(
+            f'<option value="{n}">{n}</option>' for n in range(1, choice.max_count + 1)
+        )
+        count = (
+            f' × <select name="count:{escape(o.key)}" aria-label="number of {escape(o.key)}">'
+            f"{options}</select>"
+        )
+    alternatives = ""
+    if sold_out and choice.alternatives:
+        listed = ", ".join(
+            f"{escape(a.offering.label)} ({a.free} free,"
+            f" {format_credits(a.price_per_hour_micro)}/h)"
+            for a in choice.alternatives
+        )
+        alternatives = f'<div class="gputap-alt">Free now instead: {listed}</div>'
+    disabled = " disabled" if sold_out or not price else ""
+    checked = " checked" if first_free and not disabled else ""
+    price_text = f"{format_credits(price)}/h" if price else "—"
+    return (
+        f'<label class="gputap-choice{" gputap-out" if disabled else ""}" '
+        f'data-key="{escape(o.key)}">'
+        f'<input type="radio" name="choice" value="{escape(_value(choice))}"{disabled}{checked}>'
+        f' <b>{label}</b>{count} <span class="gputap-what">{_what(o)}</span>'
+        f' <span class="gputap-free">{availability}</span>'
+        f' <span class="gputap-price">{price_text}</span>'
+        f' <span class="gputap-lasts">{lasts}</span>{alternatives}</label>'
+    )
+
+
+_GROUPS = (("slice", "MIG slices"), ("card", "Whole GPUs"), ("cpu", "No GPU"))
+
+_STYLE = """
+<style>
+.gputap-form fieldset{border:1px solid #ccc;border-radius:6px;margin:0 0 12px;padding:8px 12px}
+.gputap-choice{display:block;padding:4px 0;font-weight:normal}
+.gputap-out{color:#888}
+.gputap-what,.gputap-free,.gputap-lasts{margin-left:10px;color:#555}
+.gputap-price{margin-left:10px;font-weight:bold}
+.gputap-soldout{color:#b00;font-weight:bold}
+.gputap-sim{background:#fde68a;border-radius:3px;padding:0 4px;font-size:85%}
+.gputap-alt{margin-left:26px;color:#555;font-size:90%}
+.gputap-banner{background:#fef3c7;border:1px solid #f59e0b;padding:6px 10px;margin-bottom:10px}
+.gputap-spec input{width:6em}
+#gputap-spec-preview{margin-top:6px;font-style:italic}
+</style>
+"""
+
+_SCRIPT = """
+<script>
+(function () {
+  var box = document.getElementById("gputap-spec");
+  var out = document.getElementById("gputap-spec-preview");
+  var timer = null;
+  function preview() {
+    var q = new URLSearchParams();
+    ["min_memory_gb", "min_tflops", "count"].forEach(function (name) {
+      q.set(name, box.querySelector("[name=spec_" + name + "]").value || "0");
+    });
+    out.textContent = "checking…";
+    fetch(box.dataset.previewUrl + "?" + q.toString(), {credentials: "same-origin"})
+      .then(function (r) { return r.json(); })
+      .then(function (answer) { out.textContent = answer.message; })
+      .catch(function () { out.textContent = "could not check now"; });
+  }
+  box.addEventListener("input", function () {
+    document.getElementById("gputap-spec-radio").checked = true;
+    clearTimeout(timer);
+    timer = setTimeout(preview, 250);
+  });
+  preview();
+})();
+</script>
+"""
+
+
+def render_form(
+    choices: Sequence[Choice],
+    *,
+    available_micro: int,
+    currency: str,
+    simulated: bool,
+    preview_url: str,
+) -> str:
+    """HTML for JupyterHub's spawn page (inside its <form>)."""
+    parts = [_STYLE, '<div class="gputap-form">']
+    if simulated:
+        parts.append(
+            '<div class="gputap-banner">These GPUs are <b>simulated</b>: this machine has no '
+            "NVIDIA GPU, so servers get made-up device UUIDs and no real GPU.</div>"
+        )
+    parts.append(
+        f'<p>Your credit: <b id="gputap-available">{format_credits(available_micro)}</b> '
+        f"{escape(currency)} available. Prices are per hour, billed per second while the "
+        "server runs.</p>"
+    )
+    first_free = True
+    for kind, title in _GROUPS:
+        rows = [c for c in choices if c.offering.kind == kind]
+        if not rows:
+            continue
+        parts.append(f"<fieldset><legend>{title}</legend>")
+        for choice in rows:
+            free = choice.offering.kind == "cpu" or choice.free > 0
+            selectable = free and bool(choice.price_per_hour_micro)
+            parts.append(_row(choice, available_micro, simulated and kind != "cpu", first_free))
+            first_free = first_free and not selectable
+        parts.append("</fieldset>")
+    parts.append(
+        f'<fieldset class="gputap-spec" id="gputap-spec" data-preview-url="{escape(preview_url)}">'
+        "<legend>Or describe what you need</legend>"
+        '<label><input type="radio" name="choice" value="spec" id="gputap-spec-radio"> '
+        "the cheapest free GPU with at least</label> "
+        '<input type="number" name="spec_min_memory_gb" min="0" step="any" value="16"> GB and '
+        '<input type="number" name="spec_min_tflops" min="0" step="any" value="0"> FP16 TFLOPS, '
+        '<input type="number" name="spec_count" min="1" step="1" value="1"> GPU(s)'
+        '<div id="gputap-spec-preview"></div></fieldset>'
+    )
+    parts.append("</div>")
+    parts.append(_SCRIPT)
+    return "\n".join(parts)
+
+
+def _first(form: Mapping[str, Sequence[str]], name: str, default: str = "") -> str:
+    values = form.get(name) or [default]
+    return values[0]
+
+
+def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
+    """Posted form fields → ``user_options`` (validated later, like the REST API's)."""
+    choice = _first(form_data, "choice")
+    kind, _, key = choice.partition(":")
+    if kind == "card":
+        return {"kind": "card", "card": key, "count": _first(form_data, f"count:{key}", "1")}
+    if kind == "slice":
+        card, _, profile = key.partition("/")
+        return {"kind": "slice", "card": card, "profile": profile}
+    if kind == "spec":
+        return {
+            "kind": "spec",
+            "min_memory_gb": _first(form_data, "spec_min_memory_gb", "0"),
+            "min_tflops": _first(form_data, "spec_min_tflops", "0"),
+            "count": _first(form_data, "spec_count", "1"),
+        }
+    if kind == "cpu":
+        return {"kind": "cpu"}
+    return {"kind": choice}
+
+
+def preview_answer(answer: Placement | Refusal, simulated: bool) -> dict[str, object]:
+    """JSON for the spec preview: which card a spec request would get now."""
+    if isinstance(answer, Placement):
+        p = answer
+        sim = " (simulated)" if simulated else ""
+        count = f"{p.count}× " if p.count > 1 else ""
+        return {
+            "ok": True,
+            "offering": p.offering.key,
+            "count": p.count,
+            "price_per_hour_micro": p.total_per_hour_micro,
+            "message": (
+                f"You would get {count}{p.offering.label}{sim} at "
+                f"{format_credits(p.total_per_hour_micro)}/h."
+            ),
+        }
+    return {"ok": False, "message": answer.message}

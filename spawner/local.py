@@ -1,0 +1,302 @@
+"""The one-machine backend: single-user servers as local processes, each with exclusive GPUs
+or MIG devices through ``CUDA_VISIBLE_DEVICES`` (device UUIDs).
+
+One :class:`DevicePool` per hub process holds which server has which device. Placement and
+taking devices happen in one synchronous step, so two concurrent spawns never get the same
+device. Devices are released when a server stops, when its start fails, and when a poll finds
+it dead. After a hub restart, ``load_state`` claims the devices of re-attached servers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.spawner import LocalProcessSpawner
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets import Bool, Unicode, default
+
+from .base import GPUSpawnerMixin, billing_unavailable, utcnow
+from .billing_client import BillingRefused, BillingUnavailable
+from .inventory import DevicePool, load_local_devices
+from .placement import FreeView, Refusal
+
+DEFAULT_INVENTORY_FILE = Path(__file__).parent.parent / "hub_config" / "simulated-inventory.yaml"
+
+_pools: dict[tuple[str, str], DevicePool] = {}
+_pool_lock = asyncio.Lock()
+# claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
+_pending_claims: dict[str, list[str]] = {}
+
+
+def safe_dirname(name: str) -> str:
+    """A username as one safe path component (JupyterHub usernames may hold '@', '/'...)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", lambda m: f"-{ord(m[0]):x}-", name)
+    return cleaned.lstrip(".") or "user"
+
+
+class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
+    """LocalProcessSpawner with GPU placement, billing and exclusive devices."""
+
+    inventory = Unicode(
+        "auto",
+        config=True,
+        help="""Where GPUs come from: "auto" (NVML if it sees GPUs, else inventory_file),
+        "nvml", or "file".
+
+        c.GPULocalSpawner.inventory = "nvml"
+        """,
+    )
+
+    inventory_file = Unicode(
+        str(DEFAULT_INVENTORY_FILE),
+        config=True,
+        help="""YAML file of simulated cards, used on machines without GPUs.
+
+        c.GPULocalSpawner.inventory_file = "/etc/gputap/simulated-inventory.yaml"
+        """,
+    )
+
+    node_name = Unicode(
+        config=True,
+        help="""Name of this machine in placements and messages (default: the host name).
+
+        c.GPULocalSpawner.node_name = "workstation"
+        """,
+    )
+
+    @default("node_name")
+    def _default_node_name(self) -> str:
+        return os.uname().nodename
+
+    homes_root = Unicode(
+        "/home/gputap",
+        config=True,
+        help="""Folder holding each user's home (one sub-folder per user), kept across servers,
+        restarts and card changes. Ignored when run_as_system_user is set.
+
+        c.GPULocalSpawner.homes_root = "/srv/gputap/homes"
+        """,
+    )
+
+    run_as_system_user = Bool(
+        False,
+        config=True,
+        help="""Run each server as the system user of the same name, with that user's home
+        (JupyterHub's LocalProcessSpawner behaviour). Off: servers run as the hub's user
+        with homes under homes_root (a single-owner workstation, or the demo).
+
+        c.GPULocalSpawner.run_as_system_user = True
+        """,
+    )
+
+    # per-server GPU record: {"session_id", "offering", "count", "devices", "started_at"}
+    gpu: dict[str, Any] | None = None
+    _closed_session: str | None = None
+
+    @property
+    def holder(self) -> str:
+        return self._log_name
+
+    @property
+    def home_dir(self) -> str:
+        return str(Path(self.homes_root) / safe_dirname(self.user.name))
+
+    # -- inventory -----------------------------------------------------------------------
+
+    async def pool(self) -> DevicePool:
+        key = (self.inventory, self.inventory_file)
+        async with _pool_lock:
+            if key not in _pools:
+                loop = asyncio.get_running_loop()
+                devices = await loop.run_in_executor(
+                    None, load_local_devices, self.inventory, self.inventory_file, self.catalog
+                )
+                pool = DevicePool(devices, self.node_name)
+                for holder, uuids in _pending_claims.items():
+                    for device_uuid in pool.claim(uuids, holder):
+                        self.log.warning("%s: device %s is gone or taken", holder, device_uuid)
+                _pending_claims.clear()
+                _pools[key] = pool
+                kind = "simulated" if pool.simulated else "NVML"
+                self.log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
+            return _pools[key]
+
+    async def gpu_free_view(self) -> tuple[FreeView, bool]:
+        pool = await self.pool()
+        return pool.free_view(), pool.simulated
+
+    # -- process environment --------------------------------------------------------------
+
+    def make_preexec_fn(self, name):
+        if self.run_as_system_user:
+            return super().make_preexec_fn(name)
+        home = self.home_dir
+
+        def preexec() -> None:
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        if self.run_as_system_user:
+            return super().user_env(env)
+        env["USER"] = self.user.name
+        env["HOME"] = self.home_dir
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        if self.gpu is not None:
+            visible = ",".join(self.gpu["devices"])
+            # an empty value hides every GPU from CUDA: CPU-only servers see none
+            env["CUDA_VISIBLE_DEVICES"] = visible
+            env["NVIDIA_VISIBLE_DEVICES"] = visible or "void"
+            env["GPUTAP_OFFERING"] = self.gpu["offering"]
+            env["GPUTAP_GPU_COUNT"] = str(self.gpu["count"])
+            env["GPUTAP_SIMULATED"] = "1" if self.gpu.get("simulated") else "0"
+        return env
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self):
+        request = self.gpu_request()
+        pool = await self.pool()
+        prices = await self.prices_for(pool.free_view())
+        # place and take in one synchronous step: no other spawn can interleave here
+        answer = self.decide(request, pool.free_view(), prices)
+        if isinstance(answer, Refusal):
+            raise web.HTTPError(409, answer.message)
+        devices = pool.take(answer, self.holder)
+        self.gpu = {
+            "session_id": str(uuid.uuid4()),
+            "offering": answer.offering.key,
+            "count": answer.count,
+            "devices": [d.uuid for d in devices],
+            "simulated": pool.simulated,
+        }
+        self.log.info(
+            "%s: placed %s ×%d on %s (%s)",
+            self.holder,
+            answer.offering.key,
+            answer.count,
+            pool.node,
+            ",".join(self.gpu["devices"]) or "no GPU",
+        )
+        try:
+            await self.admit(answer)
+            ip, port = await super().start()
+            await self._wait_up(ip, port)
+            started_at = utcnow()
+            await self.billing.start_session(
+                self.gpu["session_id"],
+                self.user.name,
+                self.name,
+                self.gpu["offering"],
+                self.gpu["count"],
+                started_at,
+            )
+        except BaseException as e:
+            await self._abort_start()
+            if isinstance(e, BillingUnavailable | BillingRefused):
+                raise billing_unavailable(e) from None
+            raise
+        self.gpu["started_at"] = started_at.isoformat()
+        self.log.info("%s: up, billing session %s started", self.holder, self.gpu["session_id"])
+        return ip, port
+
+    async def _wait_up(self, ip: str, port: int) -> None:
+        """Return once the server answers HTTP: billing starts when the server is up."""
+        url = f"http://{ip}:{port}{self.server.base_url}api"
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise web.HTTPError(500, f"the server exited with code {self.proc.returncode}")
+            try:
+                await client.fetch(url, request_timeout=2, connect_timeout=2)
+                return
+            except HTTPClientError as e:
+                if e.code != 599:
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{self.holder} did not answer within {self.start_timeout} s")
+
+    async def _abort_start(self) -> None:
+        if self.pid:
+            await LocalProcessSpawner.stop(self, now=True)
+        released = (await self.pool()).release(self.holder)
+        self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
+        self.gpu = None
+
+    async def _finish(self, record: dict[str, Any] | None) -> None:
+        """End billing at this moment and free the devices (after stop or death)."""
+        ended_at = utcnow()
+        released = (await self.pool()).release(self.holder)
+        if record is None or "started_at" not in record:
+            return
+        if record["session_id"] == self._closed_session:
+            return
+        self._closed_session = record["session_id"]
+        try:
+            result = await self.billing.stop_session(record["session_id"], ended_at)
+            self.log.info(
+                "%s: stopped; billed %s s, released %s",
+                self.holder,
+                result.get("billed_seconds"),
+                ",".join(released) or "no GPU",
+            )
+        except (BillingUnavailable, BillingRefused) as e:
+            self.log.error(
+                "%s: could not close billing session %s: %s", self.holder, record["session_id"], e
+            )
+
+    async def stop(self, now: bool = False) -> None:
+        record = self.gpu
+        await super().stop(now=now)
+        if record is not None:
+            self.gpu = None
+            await self._finish(record)
+
+    async def poll(self):
+        record = self.gpu
+        status = await super().poll()
+        if status is not None and record is not None:
+            self.gpu = None
+            await self._finish(record)
+        return status
+
+    # -- state across hub restarts -------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpu is not None:
+            state["gputap"] = self.gpu
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        record = state.get("gputap")
+        if not record:
+            return
+        self.gpu = dict(record)
+        pools = list(_pools.values())
+        if pools:
+            for device_uuid in pools[0].claim(record["devices"], self.holder):
+                self.log.warning("%s: device %s is gone or taken", self.holder, device_uuid)
+        else:
+            _pending_claims[self.holder] = list(record["devices"])
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.gpu = None

@@ -1,0 +1,53 @@
+from spawner.catalog import Catalog
+from spawner.form import Choice, credit_lasts, format_duration, options_from_form, render_form
+from spawner.placement import Alternative
+
+CATALOG = Catalog.load()
+
+
+def test_credit_lasts_exactly():
+    assert credit_lasts(10_000_000, 5_000_000) == 7200
+    assert credit_lasts(10_000_000, 6_666_667) == 5399  # whole seconds, never more than paid
+    assert credit_lasts(-5, 1_000_000) == 0
+    assert format_duration(7200) == "2 h 00 min"
+    assert format_duration(5399) == "1 h 29 min"
+    assert format_duration(59) == "under 1 min"
+
+
+def test_form_shows_each_option_with_numbers_and_sold_out_alternatives():
+    a100 = CATALOG.offering("A100-80GB")
+    slice_ = CATALOG.offering("A100-80GB/1g.10gb")
+    choices = [
+        Choice(slice_, 3, 3, 1, 1_142_857),
+        Choice(a100, 0, 1, 1, 8_000_000, (Alternative(slice_, 3, 1_142_857),)),
+        Choice(CATALOG.cpu, 1, 1, 1, 100_000),
+    ]
+    html = render_form(
+        choices,
+        available_micro=10_000_000,
+        currency="credits",
+        simulated=True,
+        preview_url="/hub/gputap/preview",
+    )
+    assert "simulated" in html
+    assert "3 of 3 free" in html and "1.14/h" in html and "credit lasts 8 h 45 min" in html
+    assert "sold out" in html and "Free now instead: A100-80GB 1g.10gb slice (3 free" in html
+    assert 'value="card:A100-80GB" disabled' in html
+    assert 'value="slice:A100-80GB/1g.10gb" checked' in html
+
+
+def test_form_fields_become_the_same_user_options_as_the_api():
+    assert options_from_form({"choice": ["slice:A100-80GB/1g.10gb"]}) == {
+        "kind": "slice",
+        "card": "A100-80GB",
+        "profile": "1g.10gb",
+    }
+    assert options_from_form({"choice": ["card:RTX-4090"], "count:RTX-4090": ["2"]}) == {
+        "kind": "card",
+        "card": "RTX-4090",
+        "count": "2",
+    }
+    assert options_from_form(
+        {"choice": ["spec"], "spec_min_memory_gb": ["32"], "spec_min_tflops": ["80"]}
+    ) == {"kind": "spec", "min_memory_gb": "32", "min_tflops": "80", "count": "1"}
+    assert options_from_form({"choice": ["cpu"]}) == {"kind": "cpu"}

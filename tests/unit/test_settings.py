@@ -1,0 +1,33 @@
+import pytest
+
+from hub_config.settings import SettingsError, load_settings
+
+
+def test_defaults_file_and_environment_in_order(tmp_path):
+    f = tmp_path / "gputap.yaml"
+    f.write_text("data_dir: state\nbilling:\n  trial_credit: '5.00'\n  port: 9000\n")
+    s = load_settings(f, environ={"GPUTAP__BILLING__PORT": "9100", "GPUTAP__HUB__PORT": "8100"})
+    assert s.data_dir == tmp_path / "state"
+    assert s.billing["trial_credit"] == "5.00"
+    assert s.billing["port"] == 9100 and s.hub["port"] == 8100
+    assert s.billing["database_url"] == f"sqlite:///{tmp_path / 'state'}/billing.sqlite"
+    assert s.billing["prices"]["RTX-4090"] == "5.00"  # defaults survive a partial file
+
+
+def test_settings_file_named_by_environment(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text("hub:\n  port: 8222\n")
+    assert load_settings(environ={"GPUTAP_SETTINGS": str(f)}).hub["port"] == 8222
+
+
+@pytest.mark.parametrize("text,message", [("- a\n- b\n", "mapping"), ("a: [\n", "not valid YAML")])
+def test_bad_files_say_why(tmp_path, text, message):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(f, environ={})
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml", environ={})
