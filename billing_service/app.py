@@ -24,6 +24,21 @@ log = logging.getLogger("billing")
 TEMPLATES = Path(__file__).with_name("templates")
 
 
+def log_request(handler: web.RequestHandler) -> None:
+    """Access log without query strings (they may name users or carry ?token=)."""
+    status = handler.get_status()
+    level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    request = handler.request
+    log.log(
+        level,
+        "%s %s %s %.1fms",
+        status,
+        request.method,
+        request.path,
+        1000 * request.request_time(),
+    )
+
+
 def make_app(
     config: BillingConfig, store: Store, executor: ThreadPoolExecutor, prefix: str
 ) -> web.Application:
@@ -37,6 +52,7 @@ def make_app(
         cookie_secret=secrets.token_bytes(32),
         template_path=str(TEMPLATES),
         login_url=hub_auth.login_url,
+        log_function=log_request,
     )
 
 
