@@ -1,0 +1,95 @@
+"""The billing web application: wiring of settings, store, handlers and enforcement."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlparse
+
+from jupyterhub.services.auth import HubOAuth
+from tornado import web
+
+from .config import BillingConfig, load_billing_config
+from .enforce import Enforcer
+from .handlers import make_handlers
+from .orm import make_engine
+from .store import Store
+
+log = logging.getLogger("billing")
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+def log_request(handler: web.RequestHandler) -> None:
+    """Access log without query strings (they may name users or carry ?token=)."""
+    status = handler.get_status()
+    level = logging.INFO if status < 400 else logging.WARNING if status < 500 else logging.ERROR
+    request = handler.request
+    log.log(
+        level,
+        "%s %s %s %.1fms",
+        status,
+        request.method,
+        request.path,
+        1000 * request.request_time(),
+    )
+
+
+def make_app(
+    config: BillingConfig, store: Store, executor: ThreadPoolExecutor, prefix: str
+) -> web.Application:
+    """The tornado application serving everything under ``prefix``."""
+    # the singleton, so the OAuth callback handler shares it with the API handlers
+    hub_auth = HubOAuth.instance(api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60)
+    kwargs = {"store": store, "executor": executor, "currency": config.currency}
+    return web.Application(
+        make_handlers(prefix, kwargs),
+        # a fresh secret per start: browsers just log in again through the hub
+        cookie_secret=secrets.token_bytes(32),
+        template_path=str(TEMPLATES),
+        login_url=hub_auth.login_url,
+        log_function=log_request,
+    )
+
+
+async def main() -> None:
+    """Run the service as JupyterHub starts it (``python -m billing_service``)."""
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+    )
+    config = load_billing_config()
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/billing/")
+    if not prefix.endswith("/"):
+        prefix += "/"
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
+    # one database thread: SQLite writes are serialised and never block the event loop
+    executor = ThreadPoolExecutor(1, thread_name_prefix="billing-db")
+    engine = await asyncio.get_running_loop().run_in_executor(
+        executor, make_engine, config.database_url
+    )
+    store = Store(
+        engine,
+        config.price_book,
+        trial_credit_micro=config.trial_credit_micro,
+        min_billable_seconds=config.min_billable_seconds,
+    )
+    app = make_app(config, store, executor, prefix)
+    app.listen(url.port or 80, url.hostname or "127.0.0.1", xheaders=True)
+    log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
+
+    async def load_accounts():
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, store.accounts_with_running_sessions
+        )
+
+    enforcer = Enforcer(
+        load_accounts,
+        api_url=os.environ["JUPYTERHUB_API_URL"],
+        api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+        interval_seconds=config.enforce_interval_seconds,
+    )
+    await enforcer.run()

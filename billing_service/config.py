@@ -1,0 +1,56 @@
+"""The ``billing:`` settings section, checked once at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hub_config.settings import load_settings
+
+from .money import parse_credits
+from .pricing import PriceBook, make_price_book
+
+
+@dataclass(frozen=True)
+class BillingConfig:
+    database_url: str
+    currency: str
+    trial_credit_micro: int
+    min_billable_seconds: int
+    enforce_interval_seconds: float
+    price_book: PriceBook
+
+
+def _positive_int(section: Mapping[str, object], key: str, minimum: int) -> int:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"billing.{key} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def billing_config(section: Mapping[str, object]) -> BillingConfig:
+    """Validate ``billing:`` settings; ``ValueError`` names the key and what it needs."""
+    trial = parse_credits(section.get("trial_credit", "0"), "billing.trial_credit")
+    if trial < 0:
+        raise ValueError("billing.trial_credit must not be negative")
+    interval = section.get("enforce_interval_seconds")
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+        raise ValueError(
+            f"billing.enforce_interval_seconds must be a positive number, not {interval!r}"
+        )
+    url = section.get("database_url")
+    if not isinstance(url, str) or not url:
+        raise ValueError("billing.database_url must be an SQLAlchemy URL")
+    return BillingConfig(
+        database_url=url,
+        currency=str(section.get("currency") or "credits"),
+        trial_credit_micro=trial,
+        min_billable_seconds=_positive_int(section, "min_billable_seconds", 1),
+        enforce_interval_seconds=float(interval),
+        price_book=make_price_book(section.get("prices") or {}),
+    )
+
+
+def load_billing_config() -> BillingConfig:
+    """The billing configuration from gputap's settings (GPUTAP_SETTINGS, GPUTAP__BILLING__*)."""
+    return billing_config(load_settings().billing)

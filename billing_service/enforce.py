@@ -1,0 +1,121 @@
+"""Enforcement: stop servers through the hub before credit runs out.
+
+:func:`sessions_to_stop` is the pure decision; :class:`Enforcer` runs it periodically and
+asks the hub to stop servers. The hub's spawner then settles the session itself
+(``POST api/sessions/{id}/stop``); files are never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from . import clock
+from .money import cost_micro
+from .store import AccountState, SessionRecord
+
+log = logging.getLogger("billing.enforce")
+
+# A stop takes the hub a while; asking again inside this window would only hammer it.
+REPEAT_AFTER = timedelta(seconds=30)
+
+
+def sessions_to_stop(
+    accounts: Iterable[AccountState], now: datetime, interval_seconds: float
+) -> list[SessionRecord]:
+    """Open sessions of every account whose credit would not last until the next check.
+
+    An account is stopped when available credit <= what its servers cost in one interval.
+    """
+    stop: list[SessionRecord] = []
+    for account in accounts:
+        if not account.running:
+            continue
+        next_check = cost_micro(account.rate_per_hour_micro, 1, math.ceil(interval_seconds))
+        if account.available_at(now) <= next_check:
+            stop.extend(account.running)
+    return stop
+
+
+def server_url(api_url: str, username: str, server_name: str) -> str:
+    """The hub REST URL that stops ``username``'s server (the default one has name "")."""
+    user = quote(username, safe="")
+    if not server_name:
+        return f"{api_url.rstrip('/')}/users/{user}/server"
+    return f"{api_url.rstrip('/')}/users/{user}/servers/{quote(server_name, safe='')}"
+
+
+class Enforcer:
+    """Periodic enforcement against the hub's REST API."""
+
+    def __init__(
+        self,
+        load_accounts: Callable[[], Awaitable[list[AccountState]]],
+        *,
+        api_url: str,
+        api_token: str,
+        interval_seconds: float,
+        http_client: AsyncHTTPClient | None = None,
+    ) -> None:
+        self.load_accounts = load_accounts
+        self.api_url = api_url
+        self._api_token = api_token
+        self.interval_seconds = interval_seconds
+        self.http_client = http_client or AsyncHTTPClient()
+        self._requested: dict[str, datetime] = {}
+
+    async def stop_server(self, session: SessionRecord) -> bool:
+        """Ask the hub to stop the session's server; False when the hub refused."""
+        target = f"{session.username}/{session.server_name}"
+        request = HTTPRequest(
+            server_url(self.api_url, session.username, session.server_name),
+            method="DELETE",
+            headers={"Authorization": f"token {self._api_token}"},
+        )
+        try:
+            response = await self.http_client.fetch(request)
+        except HTTPClientError as e:
+            # 400/404: not running (any more) or no such user; the spawner settles the rest.
+            log.warning("Enforcement: hub refused to stop %s: HTTP %s", target, e.code)
+            return False
+        except OSError as e:
+            log.error("Enforcement: cannot reach the hub to stop %s: %s", target, e)
+            return False
+        log.info(
+            "Enforcement: stopping %s (session %s), credit exhausted; hub answered %s",
+            target,
+            session.id,
+            response.code,
+        )
+        return True
+
+    async def check(self, now: datetime | None = None) -> list[SessionRecord]:
+        """One enforcement pass; returns the sessions whose stop was requested now."""
+        now = now or clock.utcnow()
+        self._requested = {
+            sid: at for sid, at in self._requested.items() if now - at < REPEAT_AFTER
+        }
+        accounts = await self.load_accounts()
+        requested = []
+        for session in sessions_to_stop(accounts, now, self.interval_seconds):
+            if session.id in self._requested:
+                continue
+            self._requested[session.id] = now
+            await self.stop_server(session)
+            requested.append(session)
+        return requested
+
+    async def run(self) -> None:
+        """Check forever, every ``interval_seconds``; one failing pass does not end it."""
+        while True:
+            try:
+                await self.check()
+            except Exception:
+                log.exception("Enforcement pass failed; trying again next interval")
+            await asyncio.sleep(self.interval_seconds)

@@ -1,0 +1,74 @@
+"""Money arithmetic: integer micro-credits, never floats.
+
+1 credit = 1_000_000 micro-credits. Amounts enter as decimal strings ("6.666667") or
+integers, are stored as integers, and leave formatted to two decimals ("6.67").
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+MICRO = 1_000_000
+SECONDS_PER_HOUR = 3600
+
+
+def parse_credits(value: object, field: str = "amount") -> int:
+    """Micro-credits from a decimal string or a number; ``ValueError`` names ``field``.
+
+    At most six decimals are accepted: anything finer cannot be stored exactly.
+    A float goes through its shortest repr (YAML ``1.5`` means "1.5"), never binary math.
+    """
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f'{field} must be a decimal string like "9.50", not {value!r}')
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f'{field} must be a decimal number like "9.50", not {value!r}') from None
+    if not amount.is_finite():
+        raise ValueError(f"{field} must be a finite number, not {value!r}")
+    micro = amount * MICRO
+    if micro != micro.to_integral_value():
+        raise ValueError(f"{field} has more than 6 decimals: {value!r}")
+    return int(micro)
+
+
+def format_credits(micro: int) -> str:
+    """Two-decimal credits, rounded half up: 6_666_667 -> "6.67", -9_990_000 -> "-9.99"."""
+    amount = (Decimal(micro) / MICRO).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    return f"{amount:.2f}"
+
+
+def billed_seconds(started_at: datetime, ended_at: datetime) -> int:
+    """Whole seconds between two aware datetimes; partial seconds are not charged."""
+    if ended_at < started_at:
+        raise ValueError(f"ended_at {ended_at.isoformat()} is before started_at")
+    return (ended_at - started_at) // timedelta(seconds=1)
+
+
+def cost_micro(price_per_hour_micro: int, count: int, seconds: int) -> int:
+    """floor(price x count x seconds / 3600) micro-credits."""
+    return price_per_hour_micro * count * seconds // SECONDS_PER_HOUR
+
+
+def seconds_covered(available_micro: int, rate_per_hour_micro: int) -> int | None:
+    """How many whole seconds ``available_micro`` pays at ``rate_per_hour_micro``.
+
+    None when nothing is charged (rate 0); 0 when nothing is available.
+    """
+    if rate_per_hour_micro <= 0:
+        return None
+    if available_micro <= 0:
+        return 0
+    return available_micro * SECONDS_PER_HOUR // rate_per_hour_micro
+
+
+def format_duration(seconds: int) -> str:
+    """Human duration for messages: "5 minutes", "90 seconds", "2 hours"."""
+    if seconds % 3600 == 0 and seconds >= 3600:
+        hours = seconds // 3600
+        return f"{hours} hour{'s' if hours != 1 else ''}"
+    if seconds % 60 == 0 and seconds >= 60:
+        minutes = seconds // 60
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"

@@ -1,0 +1,81 @@
+"""The price book: credits per hour for every SKU, from the ``billing.prices`` settings.
+
+A SKU is a card ("A100-80GB"), CPU only ("cpu"), or a MIG slice "CARD/PROFILE"
+("A100-80GB/1g.10gb"). A slice without an explicit price costs the card's price times
+its share of the card's compute, g/7 for a "<g>g.<m>gb" profile, rounded half up.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .money import parse_credits
+
+MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+MIG_SLICES_PER_CARD = 7
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    """Prices in micro-credits per hour. ``cards`` includes "cpu"; ``slices`` is explicit."""
+
+    cards: Mapping[str, int] = field(default_factory=dict)
+    slices: Mapping[str, int] = field(default_factory=dict)
+
+    def price(self, sku: str) -> int | None:
+        """Micro-credits per hour for one unit of ``sku``; None when it has no price."""
+        if sku in self.cards:
+            return self.cards[sku]
+        if sku in self.slices:
+            return self.slices[sku]
+        card, sep, profile = sku.partition("/")
+        if not sep or card not in self.cards or card == "cpu":
+            return None
+        match = MIG_PROFILE.match(profile)
+        if not match:
+            return None
+        g = int(match.group(1))
+        # half up: floor(card * g / 7 + 1/2)
+        return (2 * self.cards[card] * g + MIG_SLICES_PER_CARD) // (2 * MIG_SLICES_PER_CARD)
+
+    def configured(self) -> dict[str, int]:
+        """Every SKU with a price written in the settings (cards, cpu, explicit slices)."""
+        return {**self.cards, **self.slices}
+
+    def lookup(self, skus: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """Prices of ``skus`` and the list of those without a price, in the order asked."""
+        priced: dict[str, int] = {}
+        unpriced: list[str] = []
+        for sku in skus:
+            price = self.price(sku)
+            if price is None:
+                if sku not in unpriced:
+                    unpriced.append(sku)
+            else:
+                priced[sku] = price
+        return priced, unpriced
+
+
+def make_price_book(prices: Mapping[str, object]) -> PriceBook:
+    """Build the price book from ``billing.prices``; ``ValueError`` names a bad key."""
+    if not isinstance(prices, Mapping):
+        raise ValueError("billing.prices must be a mapping of SKU to credits per hour")
+    cards: dict[str, int] = {}
+    slices: dict[str, int] = {}
+    for sku, value in prices.items():
+        micro = parse_credits(value, f"billing.prices[{sku!r}]")
+        if micro < 0:
+            raise ValueError(f"billing.prices[{sku!r}] must not be negative")
+        if "/" in str(sku):
+            card, _, profile = str(sku).partition("/")
+            if not card or not MIG_PROFILE.match(profile):
+                raise ValueError(
+                    f"billing.prices[{sku!r}]: a slice price needs CARD/<g>g.<m>gb, "
+                    "e.g. A100-80GB/1g.10gb"
+                )
+            slices[str(sku)] = micro
+        else:
+            cards[str(sku)] = micro
+    return PriceBook(cards=cards, slices=slices)

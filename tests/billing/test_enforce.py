@@ -1,0 +1,83 @@
+from datetime import timedelta
+
+from billing_service.enforce import Enforcer, server_url, sessions_to_stop
+from billing_service.store import AccountState, SessionRecord
+
+from .conftest import T0
+
+
+def running(sid, price=3_600_000, count=1, user="ada", server=""):
+    return SessionRecord(sid, user, server, "X", count, price, T0, None, None, None)
+
+
+def account(balance, *sessions, user="ada"):
+    return AccountState(user, T0, balance, tuple(sessions))
+
+
+def test_stops_when_credit_would_run_out_before_next_check():
+    # 3.60/h = 1_000 micro/s; after 60 s 60_000 are spent
+    acct = account(65_000, running("s1"), running("s2", price=0))
+    now = T0 + timedelta(seconds=60)
+    # available 5_000 <= 5 s x 1_000: stop every server of the account
+    assert [s.id for s in sessions_to_stop([acct], now, 5)] == ["s1", "s2"]
+    # 6_000 > 5_000 still lasts past the next check
+    assert sessions_to_stop([account(66_001, running("s1"))], now, 5) == []
+
+
+def test_boundary_is_inclusive_and_idle_accounts_are_left():
+    now = T0 + timedelta(seconds=10)
+    assert len(sessions_to_stop([account(15_000, running("s1"))], now, 5)) == 1
+    assert (
+        sessions_to_stop(
+            [
+                account(
+                    -5,
+                )
+            ],
+            now,
+            5,
+        )
+        == []
+    )
+    assert len(sessions_to_stop([account(-5, running("s1", price=0))], now, 5)) == 1
+
+
+def test_server_url_escapes():
+    api = "http://127.0.0.1:8081/hub/api/"
+    assert server_url(api, "ada", "") == "http://127.0.0.1:8081/hub/api/users/ada/server"
+    assert (
+        server_url(api, "a b@x", "gpu/1")
+        == "http://127.0.0.1:8081/hub/api/users/a%20b%40x/servers/gpu%2F1"
+    )
+
+
+class RecordingClient:
+    def __init__(self):
+        self.requests = []
+
+    async def fetch(self, request):
+        self.requests.append(request)
+
+        class Response:
+            code = 204
+
+        return Response()
+
+
+async def test_enforcer_asks_once_per_window():
+    client = RecordingClient()
+    accounts = [account(0, running("s1", server="gpu"))]
+
+    async def load():
+        return accounts
+
+    enforcer = Enforcer(
+        load, api_url="http://hub/api", api_token="secret", interval_seconds=5, http_client=client
+    )
+    assert [s.id for s in await enforcer.check(T0)] == ["s1"]
+    assert await enforcer.check(T0 + timedelta(seconds=10)) == []
+    assert [s.id for s in await enforcer.check(T0 + timedelta(seconds=31))] == ["s1"]
+    assert [(r.method, r.url) for r in client.requests] == [
+        ("DELETE", "http://hub/api/users/ada/servers/gpu")
+    ] * 2
+    assert client.requests[0].headers["Authorization"] == "token secret"

@@ -1,0 +1,306 @@
+"""The billing API through a real JupyterHub and proxy, authenticated by the hub."""
+
+import re
+import time
+import uuid
+
+import pytest
+import requests
+
+from .hub import find_chp, start_hub, stop_hub
+
+pytestmark = pytest.mark.skipif(
+    find_chp() is None,
+    reason="configurable-http-proxy not found; npm install it or set GPUTAP_CHP",
+)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    hub = start_hub(tmp_path_factory.mktemp("hub"), find_chp())
+    yield hub
+    stop_hub(hub)
+    assert hub.hub_token not in hub.log() and hub.ops_token not in hub.log()
+
+
+class Caller:
+    def __init__(self, base, token):
+        self.base = base
+        self.headers = {"Authorization": f"token {token}"}
+
+    def __call__(self, method, path, **kwargs):
+        return requests.request(
+            method, self.base + path, headers=self.headers, timeout=10, **kwargs
+        )
+
+
+@pytest.fixture(scope="module")
+def as_hub(hub):
+    return Caller(hub.billing, hub.hub_token)
+
+
+@pytest.fixture(scope="module")
+def as_ops(hub):
+    return Caller(hub.billing, hub.ops_token)
+
+
+def user(hub, name):
+    return Caller(hub.billing, hub.user_token(name))
+
+
+def test_health_needs_no_login(hub):
+    r = requests.get(hub.billing + "health", timeout=5)
+    assert r.status_code == 200 and r.json() == {"ok": True}
+
+
+def test_api_needs_authentication(hub):
+    r = requests.get(hub.billing + "api/me", timeout=5)
+    assert r.status_code == 403 and "token" in r.json()["message"]
+    r = requests.get(hub.billing + "api/me", headers={"Authorization": "token nope"}, timeout=5)
+    assert r.status_code == 403
+    # a browser is sent to log in at the hub
+    r = requests.get(hub.billing, allow_redirects=False, timeout=5)
+    assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"]
+
+
+def test_prices(hub, as_hub):
+    alice = user(hub, "price-reader")
+    body = alice("GET", "api/prices").json()
+    assert body["currency"] == "credits" and body["min_billable_seconds"] == 300
+    assert body["prices"]["A100-80GB"] == {"per_hour_micro": 8_000_000, "per_hour": "8.00"}
+    assert "cpu" in body["prices"]
+    body = as_hub(
+        "GET", "api/prices", params=[("sku", "A100-80GB/1g.10gb"), ("sku", "B200")]
+    ).json()
+    assert body["prices"] == {
+        "A100-80GB/1g.10gb": {"per_hour_micro": 1_142_857, "per_hour": "1.14"}
+    }
+    assert body["unpriced"] == ["B200"]
+
+
+def test_account_opens_once_with_trial(as_hub, as_ops):
+    r = as_hub("PUT", "api/accounts/ada")
+    assert r.status_code == 201 and r.json()["balance_micro"] == 10_000_000
+    r = as_hub("PUT", "api/accounts/ada")
+    assert r.status_code == 200 and r.json()["balance"] == "10.00"
+    assert as_ops("GET", "api/accounts/ada").json()["seconds_left"] is None
+    r = as_ops("GET", "api/accounts/nobody-here")
+    assert r.status_code == 404 and "nobody-here" in r.json()["message"]
+
+
+def test_user_sees_only_own_billing(hub, as_hub):
+    bob = user(hub, "bob")
+    me = bob("GET", "api/me")
+    assert me.status_code == 200 and me.json()["username"] == "bob"
+    assert bob("GET", "api/accounts/bob").json()["balance"] == "10.00"
+    as_hub("PUT", "api/accounts/carol")
+    for path in ["api/accounts/carol", "api/sessions?username=carol"]:
+        r = bob("GET", path)
+        assert r.status_code == 403 and "carol" not in r.text.replace("'carol'", "")
+        assert "balance" not in r.json()
+    # a user may not act as the hub or as an admin
+    assert bob("PUT", "api/accounts/bob").status_code == 403
+    r = bob("POST", "api/admission", json={"username": "bob", "sku": "T4", "count": 1})
+    assert r.status_code == 403
+    r = bob(
+        "POST",
+        "api/accounts/bob/adjustments",
+        json={"amount": "100", "reason": "me", "idempotency_key": "x"},
+    )
+    assert r.status_code == 403
+    assert bob("GET", "api/me").json()["balance_micro"] == 10_000_000
+
+
+def test_session_lifecycle_and_idempotency(hub, as_hub):
+    sid = str(uuid.uuid4())
+    start = {
+        "id": sid,
+        "username": "dora",
+        "server_name": "gpu",
+        "sku": "RTX-4090",
+        "count": 1,
+        "started_at": "2025-01-01T10:00:00+00:00",
+    }
+    r = as_hub("POST", "api/admission", json={"username": "dora", "sku": "RTX-4090", "count": 1})
+    assert r.status_code == 200 and r.json()["allowed"] is True
+    assert r.json()["price_per_hour_micro"] == 5_000_000 and r.json()["seconds_left"] == 7200
+    r = as_hub("POST", "api/sessions", json=start)
+    assert r.status_code == 201 and r.json()["state"] == "running"
+    r = as_hub("POST", "api/sessions", json={**start, "sku": "T4"})
+    assert r.status_code == 200 and r.json()["sku"] == "RTX-4090"
+    stop = {"ended_at": "2025-01-01T12:00:00.750000+00:00"}
+    r = as_hub("POST", f"api/sessions/{sid}/stop", json=stop)
+    assert r.status_code == 200
+    first = r.json()
+    assert first["billed_seconds"] == 7200 and first["cost_micro"] == 10_000_000
+    r = as_hub("POST", f"api/sessions/{sid}/stop", json={"ended_at": "2025-01-02T00:00:00Z"})
+    assert r.status_code == 200 and r.json() == first
+    dora = user(hub, "dora")
+    account = dora("GET", "api/me").json()
+    assert account["balance_micro"] == 0
+    sessions = dora("GET", "api/sessions").json()["sessions"]
+    assert [s["id"] for s in sessions] == [sid]
+    # spent: the next spawn is refused with what to do
+    r = as_hub("POST", "api/admission", json={"username": "dora", "sku": "cpu", "count": 1})
+    assert r.status_code == 402
+    assert r.json()["message"] == (
+        "Not enough credit for cpu: 5 minutes at 0.10/h needs 0.01 credits, "
+        "you have 0.00 available. Stop a running server or ask an admin for credit."
+    )
+    r = as_hub("POST", "api/sessions/no-such-session/stop", json=stop)
+    assert r.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "path, body, field",
+    [
+        ("api/admission", {"username": "erin", "sku": "T4"}, "count"),
+        ("api/admission", {"username": "erin", "sku": "T4", "count": 0}, "count"),
+        ("api/admission", {"username": "erin", "sku": "T4", "count": "1"}, "count"),
+        ("api/admission", {"username": "erin", "sku": "B200", "count": 1}, "B200"),
+        ("api/admission", ["not", "an", "object"], "object"),
+        (
+            "api/sessions",
+            {"id": "e1", "username": "erin", "server_name": "", "sku": "T4", "count": 1},
+            "started_at",
+        ),
+        (
+            "api/sessions",
+            {
+                "id": "e1",
+                "username": "erin",
+                "server_name": "",
+                "sku": "T4",
+                "count": 1,
+                "started_at": "2025-01-01T10:00:00",
+            },
+            "timezone",
+        ),
+        (
+            "api/sessions",
+            {
+                "id": "e1",
+                "username": "erin",
+                "server_name": "",
+                "sku": "H9000",
+                "count": 1,
+                "started_at": "2025-01-01T10:00:00Z",
+            },
+            "H9000",
+        ),
+    ],
+)
+def test_bad_input_is_400_and_changes_nothing(as_hub, as_ops, path, body, field):
+    r = as_hub("POST", path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["status"] == 400 and field in r.json()["message"]
+    assert as_ops("GET", "api/sessions?username=erin").json() == {"sessions": []}
+
+
+def test_stop_before_start_is_400(as_hub, as_ops):
+    start = {
+        "id": "f1",
+        "username": "fay",
+        "server_name": "",
+        "sku": "T4",
+        "count": 2,
+        "started_at": "2025-01-01T10:00:00Z",
+    }
+    assert as_hub("POST", "api/sessions", json=start).status_code == 201
+    r = as_hub("POST", "api/sessions/f1/stop", json={"ended_at": "2025-01-01T09:00:00Z"})
+    assert r.status_code == 400 and "ended_at" in r.json()["message"]
+    r = as_hub("POST", "api/sessions/f1/stop", json={"ended_at": "yesterday"})
+    assert r.status_code == 400 and "ended_at" in r.json()["message"]
+    (session,) = as_ops("GET", "api/sessions?username=fay").json()["sessions"]
+    assert session["state"] == "running" and session["ended_at"] is None
+    as_hub("POST", "api/sessions/f1/stop", json={"ended_at": "2025-01-01T10:00:10Z"})
+
+
+def test_admin_adjustments_are_idempotent(as_hub, as_ops):
+    as_hub("PUT", "api/accounts/gil")
+    body = {"amount": "-9.99", "reason": "refund reversed", "idempotency_key": "gil-1"}
+    r = as_ops("POST", "api/accounts/gil/adjustments", json=body)
+    assert r.status_code == 201 and r.json()["amount_micro"] == -9_990_000
+    r = as_ops("POST", "api/accounts/gil/adjustments", json={**body, "amount": "5"})
+    assert r.status_code == 200 and r.json()["amount_micro"] == -9_990_000
+    assert as_ops("GET", "api/accounts/gil").json()["balance"] == "0.01"
+    for bad, field in [
+        ({**body, "amount": "lots", "idempotency_key": "g2"}, "amount"),
+        ({**body, "reason": "", "idempotency_key": "g3"}, "reason"),
+        ({"amount": "1", "reason": "x"}, "idempotency_key"),
+    ]:
+        r = as_ops("POST", "api/accounts/gil/adjustments", json=bad)
+        assert r.status_code == 400 and field in r.json()["message"]
+    assert as_ops("GET", "api/accounts/gil").json()["balance"] == "0.01"
+    r = as_ops("POST", "api/accounts/ghost/adjustments", json={**body, "idempotency_key": "g4"})
+    assert r.status_code == 404
+    # the hub meters, but does not grant credit
+    assert as_hub("POST", "api/accounts/gil/adjustments", json=body).status_code == 403
+
+
+def test_browser_page_and_live_polling_with_xsrf(hub, as_hub):
+    as_hub(
+        "POST",
+        "api/sessions",
+        json={
+            "id": "h1",
+            "username": "hana",
+            "server_name": "",
+            "sku": "A100-40GB",
+            "count": 1,
+            "started_at": "2025-01-01T10:00:00Z",
+        },
+    )
+    as_hub("POST", "api/sessions/h1/stop", json={"ended_at": "2025-01-01T11:30:00Z"})
+    browser = requests.Session()
+    login = browser.get(hub.billing, timeout=10)  # redirected to the hub's login form
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login.text).group(1)
+    page = browser.post(
+        login.url, data={"username": "hana", "password": "x", "_xsrf": xsrf}, timeout=10
+    )
+    assert page.status_code == 200 and page.url == hub.billing, page.url
+    assert re.search(r'id="balance">0.00<', page.text)
+    assert 'id="running-cost"' in page.text
+    row = re.search(r'<tr class="session".*?</tr>', page.text, re.S).group(0)
+    assert re.search(r'class="num seconds">5400<', row) and re.search(
+        r'class="num cost">10.00<', row
+    )
+    token = re.search(r"const xsrf = \"([^\"]+)\"", page.text).group(1)
+    fetch = {"Sec-Fetch-Mode": "cors", "Sec-Fetch-Site": "same-origin"}
+    r = browser.get(hub.billing + "api/me", headers={**fetch, "X-XSRFToken": token}, timeout=10)
+    assert r.status_code == 200 and r.json()["username"] == "hana"
+    r = browser.get(hub.billing + "api/me", headers=fetch, timeout=10)
+    assert r.status_code == 403
+
+
+def test_enforcement_asks_the_hub_to_stop(hub, as_hub, as_ops):
+    user(hub, "ivan")  # exists on the hub, but runs no server: the hub says so (400)
+    as_hub("PUT", "api/accounts/ivan")
+    as_ops(
+        "POST",
+        "api/accounts/ivan/adjustments",
+        json={"amount": "-9.999", "reason": "almost spent", "idempotency_key": "ivan-1"},
+    )
+    r = as_hub(
+        "POST",
+        "api/sessions",
+        json={
+            "id": "i1",
+            "username": "ivan",
+            "server_name": "big",
+            "sku": "H200-141GB",
+            "count": 1,
+            "started_at": "2025-01-01T10:00:00Z",
+        },
+    )
+    assert r.status_code == 201
+    deadline = time.monotonic() + 10
+    while "stop ivan/big" not in hub.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log = hub.log()
+    assert "Enforcement: hub refused to stop ivan/big: HTTP 400" in log, log[-2000:]
+    assert "DELETE /hub/api/users/ivan/servers/big" in log
+    # remembered: not asked again within the window
+    time.sleep(2)
+    assert hub.log().count("stop ivan/big") == 1
+    as_hub("POST", "api/sessions/i1/stop", json={"ended_at": "2025-01-01T10:00:01Z"})

@@ -1,0 +1,53 @@
+import pytest
+
+from billing_service.pricing import make_price_book
+from hub_config.settings import load_settings
+
+
+@pytest.fixture
+def book():
+    return make_price_book(load_settings(environ={}).billing["prices"])
+
+
+def test_cards_and_cpu_from_defaults(book):
+    assert book.price("RTX-4090") == 5_000_000
+    assert book.price("A100-40GB") == 6_666_667
+    assert book.price("cpu") == 100_000
+
+
+def test_slice_price_is_card_share_rounded_half_up(book):
+    # 8.00 / 7 = 1.142857142... -> 1_142_857
+    assert book.price("A100-80GB/1g.10gb") == 1_142_857
+    # 8.00 * 3 / 7 = 3.428571428... -> 3_428_571
+    assert book.price("A100-80GB/3g.40gb") == 3_428_571
+    # 15.00 * 1 / 7 = 2.142857142... -> 2_142_857
+    assert book.price("H200-141GB/1g.18gb") == 2_142_857
+    # 12.00 * 2 / 7 = 3.4285714... ; 5.00 * 1 / 7 = 0.714285714 -> 714_286 (half up)
+    assert book.price("RTX-4090/1g.5gb") == 714_286
+    assert book.price("A100-80GB/7g.80gb") == 8_000_000
+
+
+def test_explicit_slice_price_wins():
+    book = make_price_book({"A100-80GB": "8.00", "A100-80GB/1g.10gb": "0.90"})
+    assert book.price("A100-80GB/1g.10gb") == 900_000
+    assert book.price("A100-80GB/2g.20gb") == 2_285_714
+
+
+@pytest.mark.parametrize(
+    "sku", ["B200", "A100-80GB/", "A100-80GB/8g.90gb", "A100-80GB/big", "cpu/1g.5gb", "X/1g.5gb"]
+)
+def test_unknown_sku_has_no_price(book, sku):
+    assert book.price(sku) is None
+
+
+def test_lookup_lists_unpriced(book):
+    priced, unpriced = book.lookup(["T4", "B200", "T4/1g.5gb"])
+    assert priced == {"T4": 1_500_000, "T4/1g.5gb": 214_286}
+    assert unpriced == ["B200"]
+
+
+def test_bad_price_names_the_key():
+    with pytest.raises(ValueError, match="T4"):
+        make_price_book({"T4": "cheap"})
+    with pytest.raises(ValueError, match="slice"):
+        make_price_book({"A100/huge": "1.00"})
