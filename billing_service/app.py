@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
+from hub_config.settings import load_settings
+
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
 from .handlers import make_handlers
@@ -39,8 +41,25 @@ def log_request(handler: web.RequestHandler) -> None:
     )
 
 
+def cookie_secret(path: Path) -> bytes:
+    """The secret signing the page's login cookie, kept so restarts keep browsers logged in."""
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        secret = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret.hex())
+        return secret
+
+
 def make_app(
-    config: BillingConfig, store: Store, executor: ThreadPoolExecutor, prefix: str
+    config: BillingConfig,
+    store: Store,
+    executor: ThreadPoolExecutor,
+    prefix: str,
+    secret: bytes | None = None,
 ) -> web.Application:
     """The tornado application serving everything under ``prefix``."""
     # the singleton, so the OAuth callback handler shares it with the API handlers
@@ -48,8 +67,7 @@ def make_app(
     kwargs = {"store": store, "executor": executor, "currency": config.currency}
     return web.Application(
         make_handlers(prefix, kwargs),
-        # a fresh secret per start: browsers just log in again through the hub
-        cookie_secret=secrets.token_bytes(32),
+        cookie_secret=secret or secrets.token_bytes(32),
         template_path=str(TEMPLATES),
         login_url=hub_auth.login_url,
         log_function=log_request,
@@ -77,7 +95,8 @@ async def main() -> None:
         trial_credit_micro=config.trial_credit_micro,
         min_billable_seconds=config.min_billable_seconds,
     )
-    app = make_app(config, store, executor, prefix)
+    secret = cookie_secret(load_settings().data_dir / "billing_cookie_secret")
+    app = make_app(config, store, executor, prefix, secret)
     app.listen(url.port or 80, url.hostname or "127.0.0.1", xheaders=True)
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
 

@@ -146,7 +146,6 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
     services: list[dict[str, Any]] = [
         {
             "name": "billing",
-            "display_name": "Billing",
             "url": f"http://127.0.0.1:{settings.billing['port']}",
             "command": [sys.executable, "-m", "billing_service"],
             "environment": passthrough,

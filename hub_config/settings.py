@@ -42,13 +42,21 @@ def deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
-def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
-    """Nested overrides from ``GPUTAP__A__B=value`` variables (keys lower-cased)."""
+def env_overrides(
+    environ: Mapping[str, str], base: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Nested overrides from ``GPUTAP__A__B=value`` variables.
+
+    Names match existing keys of ``base`` regardless of case (``GPUTAP__BILLING__PRICES__T4``
+    sets ``billing.prices.T4``); new keys are lower-cased.
+    """
     result: dict[str, Any] = {}
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX):
             continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
+        path = _match_case(
+            [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part], base or {}
+        )
         if not path:
             continue
         try:
@@ -62,6 +70,16 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
                 raise SettingsError(f"{name}: {part} is both a value and a section")
         node[path[-1]] = value
     return result
+
+
+def _match_case(path: list[str], base: Mapping[str, Any]) -> list[str]:
+    matched, node = [], base
+    for part in path:
+        keys = {str(k).lower(): k for k in node} if isinstance(node, Mapping) else {}
+        key = keys.get(part, part)
+        matched.append(key)
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return matched
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -131,7 +149,7 @@ def load_settings(
     if chosen:
         source = Path(chosen).resolve()
         raw = deep_merge(raw, _read_yaml(source))
-    raw = deep_merge(raw, env_overrides(environ))
+    raw = deep_merge(raw, env_overrides(environ, raw))
     data_dir = str(raw.get("data_dir") or "")
     if not data_dir:
         raise SettingsError("data_dir must be set (where gputap keeps its databases and homes)")

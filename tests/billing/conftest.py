@@ -2,6 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from billing_service.money import parse_credits
 from billing_service.orm import make_engine
 from billing_service.pricing import make_price_book
 from billing_service.store import Store
@@ -16,7 +17,7 @@ def make_store(tmp_path, prices=None, trial="10.00", min_billable_seconds=300) -
     return Store(
         engine,
         make_price_book(prices),
-        trial_credit_micro=int(float(trial) * 1_000_000),
+        trial_credit_micro=parse_credits(trial),
         min_billable_seconds=min_billable_seconds,
     )
 

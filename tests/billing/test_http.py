@@ -7,17 +7,12 @@ import uuid
 import pytest
 import requests
 
-from .hub import find_chp, start_hub, stop_hub
-
-pytestmark = pytest.mark.skipif(
-    find_chp() is None,
-    reason="configurable-http-proxy not found; npm install it or set GPUTAP_CHP",
-)
+from .hub import start_hub, stop_hub
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("hub"), find_chp())
+    hub = start_hub(tmp_path_factory.mktemp("hub"))
     yield hub
     stop_hub(hub)
     assert hub.hub_token not in hub.log() and hub.ops_token not in hub.log()

@@ -31,3 +31,10 @@ def test_bad_files_say_why(tmp_path, text, message):
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(SettingsError, match="does not exist"):
         load_settings(tmp_path / "nope.yaml", environ={})
+
+
+def test_environment_keys_match_existing_keys_whatever_their_case(tmp_path):
+    s = load_settings(environ={"GPUTAP__BILLING__PRICES__T4": "1.25", "GPUTAP__HUB__NEW_KEY": "x"})
+    assert s.billing["prices"]["T4"] == 1.25
+    assert "t4" not in s.billing["prices"]
+    assert s.hub["new_key"] == "x"

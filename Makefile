@@ -1,0 +1,49 @@
+# gputap: `make demo` starts the whole platform on this machine; `make test` runs every test.
+# Both set up what they need (virtualenv, npm packages) and can be run again safely.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PY_STAMP := $(VENV)/.gputap-installed
+NODE_STAMP := node_modules/.gputap-installed
+
+.PHONY: setup demo test lint format bench chromium clean
+
+setup: $(PY_STAMP) $(NODE_STAMP)
+
+$(PY_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(PY) -m hub_config.demo
+
+# Chromium for the browser tests (Debian's package; Playwright drives /usr/bin/chromium).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
+	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; \
+	fi
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: setup chromium lint
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/placement.py
+
+clean:
+	rm -rf $(VENV) node_modules .demo .pytest_cache .hypothesis

@@ -1,0 +1,228 @@
+"""Start the whole platform for tests: the real hub (hub_config/jupyterhub_config.py), the real
+configurable-http-proxy, the real billing service and real single-user servers.
+
+A `Platform` owns a temporary data directory and free ports, and offers small helpers over
+the hub's REST API (with an automation token declared in the settings, as an operator would)
+and over billing's API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "hub_config" / "jupyterhub_config.py"
+OPS_SCOPES = [
+    "admin:users",
+    "admin:servers",
+    "admin:server_state",
+    "tokens",
+    "list:users",
+    "read:users",
+    "custom:gputap-billing:admin",
+    "access:services",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Platform:
+    def __init__(
+        self,
+        root: Path,
+        extra: dict[str, Any] | None = None,
+        services: list[dict[str, Any]] | None = None,
+    ):
+        self.root = root
+        self.ops_token = secrets.token_hex(16)
+        self.port, self.hub_port, self.billing_port = free_port(), free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        settings: dict[str, Any] = {
+            "data_dir": str(root / "data"),
+            "hub": {
+                "port": self.port,
+                "hub_port": self.hub_port,
+                "services": [
+                    {"name": "ops", "api_token": self.ops_token, "scopes": OPS_SCOPES},
+                    *(services or []),
+                ],
+            },
+            "spawner": {"start_timeout": 60},
+            "billing": {
+                "port": self.billing_port,
+                "min_billable_seconds": 60,
+                "enforce_interval_seconds": 1,
+            },
+        }
+        for section, values in (extra or {}).items():
+            settings.setdefault(section, {}).update(values)
+        self.settings_path = root / "gputap.yaml"
+        self.settings_path.write_text(yaml.safe_dump(settings))
+        self.log_path = root / "hub.log"
+        self.proc: subprocess.Popen | None = None
+        self.api = requests.Session()
+        self.api.headers["Authorization"] = f"token {self.ops_token}"
+
+    # -- process ------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTAP")}
+        env["GPUTAP_SETTINGS"] = str(self.settings_path)
+        (self.root / "data").mkdir(exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the hub's life)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)],
+            cwd=self.root / "data",
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited:\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/hub/health", timeout=2).ok and self.billing_up():
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"hub did not come up:\n{self.log_tail()}")
+
+    def billing_up(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/services/billing/health", timeout=2).ok
+        except requests.RequestException:
+            return False
+
+    def stop_hub(self) -> None:
+        """Stop the hub as an operator would (SIGTERM); servers keep running."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def shutdown(self) -> None:
+        """Stop every server, then the hub."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                for user in self.get("/users").json():
+                    for name in user.get("servers", {}):
+                        self.stop_server(user["name"], name, wait=False)
+            except (requests.RequestException, ValueError):
+                pass
+        self.stop_hub()
+        # servers outlive the hub (cleanup_servers = False): end any left in our homes
+        homes = str(self.root / "data" / "homes")
+        for proc in psutil.process_iter(["cwd"]):
+            if (proc.info.get("cwd") or "").startswith(homes):
+                proc.kill()
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    # -- hub API ------------------------------------------------------------------------
+
+    def get(self, path: str, **kw) -> requests.Response:
+        return self.api.get(f"{self.url}/hub/api{path}", timeout=30, **kw)
+
+    def post(self, path: str, body: Any = None) -> requests.Response:
+        return self.api.post(f"{self.url}/hub/api{path}", json=body, timeout=90)
+
+    def create_user(self, name: str) -> None:
+        r = self.post(f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+
+    def user_token(self, name: str) -> str:
+        r = self.post(f"/users/{name}/tokens", {"note": "test", "expires_in": 3600})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    def spawn(self, name: str, options: dict[str, Any] | None) -> requests.Response:
+        return self.post(f"/users/{name}/server", {"user_options": options})
+
+    def server(self, name: str) -> dict[str, Any] | None:
+        return self.get(f"/users/{name}").json().get("servers", {}).get("")
+
+    def wait_ready(self, name: str, timeout: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            server = self.server(name)
+            if server and server.get("ready"):
+                return server
+            if server is None:
+                raise AssertionError(f"{name}'s server is gone:\n{self.log_tail()}")
+            time.sleep(0.2)
+        raise AssertionError(f"{name}'s server did not become ready:\n{self.log_tail()}")
+
+    def stop_server(self, name: str, server_name: str = "", wait: bool = True) -> None:
+        path = f"/users/{name}/servers/{server_name}" if server_name else f"/users/{name}/server"
+        r = self.api.delete(f"{self.url}/hub/api{path}", timeout=90)
+        assert r.status_code in (202, 204, 400, 404), r.text
+        if wait:
+            self.wait_stopped(name)
+
+    def wait_stopped(self, name: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server(name) is None:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{name}'s server did not stop:\n{self.log_tail()}")
+
+    def server_env(self, name: str) -> dict[str, str]:
+        """The environment of the user's running server process, read from /proc."""
+        pid = self.server(name)["state"]["pid"]
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+    # -- billing ------------------------------------------------------------------------
+
+    def billing(self, path: str, method: str = "GET", body: Any = None) -> requests.Response:
+        return self.api.request(
+            method,
+            f"{self.url}/services/billing/{path}",
+            data=None if body is None else json.dumps(body),
+            timeout=30,
+        )
+
+    def account(self, name: str) -> dict[str, Any]:
+        r = self.billing(f"api/accounts/{name}")
+        assert r.ok, r.text
+        return r.json()
+
+    def sessions(self, name: str) -> list[dict[str, Any]]:
+        r = self.billing(f"api/sessions?username={name}")
+        assert r.ok, r.text
+        return r.json()["sessions"]
+
+    def adjust(self, name: str, amount: str) -> None:
+        r = self.billing(
+            f"api/accounts/{name}/adjustments",
+            "POST",
+            {"amount": amount, "reason": "test", "idempotency_key": secrets.token_hex(8)},
+        )
+        assert r.status_code in (200, 201), r.text
