@@ -342,11 +342,11 @@ def place(
     else:
         key, count = request.card, request.count
     offering = catalog.offering(key)
-    if key not in prices:
-        raise RequestError(f"{offering.label} has no price; ask an operator to set one")
     capacity = view.max_capacity(key)
     if capacity == 0:
         raise RequestError(f"this platform has no {offering.label}; choose another option")
+    if key not in prices:
+        raise RequestError(f"{offering.label} has no price; ask an operator to set one")
     if count > capacity:
         raise RequestError(
             f"{count}× {offering.label} do not fit on one machine here (at most {capacity})"

@@ -67,7 +67,7 @@ class Platform:
             "spawner": {"start_timeout": 60},
             "billing": {
                 "port": self.billing_port,
-                "min_billable_seconds": 60,
+                "min_billable_seconds": 5,
                 "enforce_interval_seconds": 1,
             },
         }
