@@ -362,7 +362,22 @@ class PageHandler(BaseHandler):
             api_url=self.request.path.rstrip("/") + "/api/me",
             # the page's fetches are cookie-authenticated: HubOAuth checks this token
             xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
+            when=page_time,
+            duration=page_duration,
         )
+
+
+def page_time(iso: str | None) -> str:
+    """ISO 8601 UTC as the page shows it: "2026-11-29 18:51:34 UTC"."""
+    return f"{iso[:19].replace('T', ' ')} UTC" if iso else ""
+
+
+def page_duration(seconds: int) -> str:
+    """Time left as "2 h 05 min", "45 min" or "under 1 min"."""
+    if seconds < 60:
+        return "under 1 min"
+    hours, minutes = divmod(seconds // 60, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
 
 
 def make_handlers(prefix: str, kwargs: dict[str, Any]) -> list[tuple]:

@@ -7,7 +7,7 @@ integers, are stored as integers, and leave formatted to two decimals ("6.67").
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 
 MICRO = 1_000_000
 SECONDS_PER_HOUR = 3600
@@ -34,9 +34,14 @@ def parse_credits(value: object, field: str = "amount") -> int:
 
 
 def format_credits(micro: int) -> str:
-    """Two-decimal credits, rounded half up: 6_666_667 -> "6.67", -9_990_000 -> "-9.99"."""
-    amount = (Decimal(micro) / MICRO).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    return f"{amount:.2f}"
+    """Exact credits, never rounded: two decimals at least, six at most.
+
+    10_000_000 -> "10.00", 9_998_733 -> "9.998733", 1_142_857 -> "1.142857", -5_000 -> "-0.005".
+    """
+    sign = "-" if micro < 0 else ""
+    whole, fraction = divmod(abs(micro), MICRO)
+    digits = f"{fraction:06d}".rstrip("0").ljust(2, "0")
+    return f"{sign}{whole}.{digits}"
 
 
 def billed_seconds(started_at: datetime, ended_at: datetime) -> int:

@@ -68,7 +68,7 @@ def test_prices(hub, as_hub):
         "GET", "api/prices", params=[("sku", "A100-80GB/1g.10gb"), ("sku", "B200")]
     ).json()
     assert body["prices"] == {
-        "A100-80GB/1g.10gb": {"per_hour_micro": 1_142_857, "per_hour": "1.14"}
+        "A100-80GB/1g.10gb": {"per_hour_micro": 1_142_857, "per_hour": "1.142857"}
     }
     assert body["unpriced"] == ["B200"]
 
@@ -139,7 +139,7 @@ def test_session_lifecycle_and_idempotency(hub, as_hub):
     r = as_hub("POST", "api/admission", json={"username": "dora", "sku": "cpu", "count": 1})
     assert r.status_code == 402
     assert r.json()["message"] == (
-        "Not enough credit for cpu: 5 minutes at 0.10/h needs 0.01 credits, "
+        "Not enough credit for cpu: 5 minutes at 0.10/h needs 0.008333 credits, "
         "you have 0.00 available. Stop a running server or ask an admin for credit."
     )
     r = as_hub("POST", "api/sessions/no-such-session/stop", json=stop)

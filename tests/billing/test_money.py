@@ -37,7 +37,15 @@ def test_parse_credits_refuses_with_field_name(value):
 
 @pytest.mark.parametrize(
     "micro, text",
-    [(6_666_667, "6.67"), (1_142_857, "1.14"), (-9_990_000, "-9.99"), (5_000, "0.01"), (0, "0.00")],
+    [
+        (6_666_667, "6.666667"),
+        (1_142_857, "1.142857"),
+        (-9_990_000, "-9.99"),
+        (5_000, "0.005"),
+        (0, "0.00"),
+        (10_000_000, "10.00"),
+        (-1, "-0.000001"),
+    ],
 )
 def test_format_credits(micro, text):
     assert format_credits(micro) == text

@@ -35,8 +35,8 @@ def test_admission_at_the_boundary(store):
     admission = store.admit("ada", "A100-80GB", 1, T0)
     assert not admission.allowed
     assert admission.message == (
-        "Not enough credit for A100-80GB: 5 minutes at 8.00/h needs 0.67 credits, "
-        "you have 0.67 available. Stop a running server or ask an admin for credit."
+        "Not enough credit for A100-80GB: 5 minutes at 8.00/h needs 0.666666 credits, "
+        "you have 0.666665 available. Stop a running server or ask an admin for credit."
     )
 
 
@@ -50,8 +50,9 @@ def test_admission_counts_running_cost_and_opens_account(store):
     assert store.admit("new", "A100-80GB", 4, later).allowed is False
     message = store.admit("new", "A100-80GB/1g.10gb", 2, later).message
     assert message == (
-        "Not enough credit for 2 x A100-80GB/1g.10gb: 5 minutes at 2.29/h needs 0.19 credits, "
-        "you have 0.13 available. Stop a running server or ask an admin for credit."
+        "Not enough credit for 2 x A100-80GB/1g.10gb: 5 minutes at 2.285714/h needs "
+        "0.190476 credits, you have 0.125 available. "
+        "Stop a running server or ask an admin for credit."
     )
 
 
