@@ -7,6 +7,7 @@ before its JupyterHub spawner class and provides ``async gpu_free_view() -> (Fre
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -33,6 +34,9 @@ from .placement import (
 log = logging.getLogger(__name__)
 
 PREVIEW_PATH = "gputap/preview"
+#: how long the hub keeps trying to close a billing session while billing is unreachable
+CLOSE_RETRY_SECONDS = 3600
+_retries: set[asyncio.Task] = set()
 _CATALOGS: dict[str, Catalog] = {}
 
 
@@ -55,6 +59,11 @@ def billing_unavailable(e: Exception) -> web.HTTPError:
         "Billing is unreachable, so no server can start now (nothing is charged). "
         f"Try again in a minute; if it persists, tell an operator. ({e})",
     )
+
+
+def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) -> None:
+    """JupyterHub's apply_user_options hook: validate before anything starts (400 if bad)."""
+    spawner.request = spawner.gpu_request(user_options)
 
 
 class GPUSpawnerMixin(LoggingConfigurable):
@@ -97,6 +106,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
     @default("options_from_form")
     def _default_options_from_form(self):
         return options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return apply_gpu_options
+
+    #: the validated request of the spawn in progress (set by apply_user_options)
+    request: Request | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -165,10 +181,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     # -- requests ------------------------------------------------------------------------
 
-    def gpu_request(self, options: dict[str, Any] | None = None) -> Request:
+    def gpu_request(self, options: dict[str, Any] | None) -> Request:
         """``user_options`` as a validated Request; 400 saying what is wrong otherwise."""
         try:
-            return parse_request(self.user_options if options is None else options, self.catalog)
+            return parse_request(options, self.catalog)
         except RequestError as e:
             raise web.HTTPError(400, f"Invalid server options: {e}") from None
 
@@ -193,6 +209,38 @@ class GPUSpawnerMixin(LoggingConfigurable):
         except RequestError as e:
             return {"ok": False, "message": str(e)[:1].upper() + str(e)[1:] + "."}
         return preview_answer(answer, simulated)
+
+    async def close_billing_session(
+        self, session_id: str, ended_at: datetime
+    ) -> dict[str, Any] | None:
+        """Settle a session at ``ended_at``; if billing is down, keep retrying in the
+        background with the same end time (the stop is idempotent, so no double charge)."""
+        try:
+            return await self.billing.stop_session(session_id, ended_at)
+        except BillingRefused as e:
+            self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
+        except BillingUnavailable as e:
+            self.log.warning("%s: closing %s later: %s", self._log_name, session_id, e)
+            task = asyncio.ensure_future(self._retry_close(session_id, ended_at))
+            _retries.add(task)
+            task.add_done_callback(_retries.discard)
+        return None
+
+    async def _retry_close(self, session_id: str, ended_at: datetime) -> None:
+        delay, waited = 1.0, 0.0
+        while waited < CLOSE_RETRY_SECONDS:
+            await asyncio.sleep(delay)
+            waited += delay
+            try:
+                await self.billing.stop_session(session_id, ended_at)
+                self.log.info("%s: billing session %s closed", self._log_name, session_id)
+                return
+            except BillingUnavailable:
+                delay = min(delay * 2, 60)
+            except BillingRefused as e:
+                self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
+                return
+        self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 
     async def admit(self, placement: Placement) -> None:
         """Ask billing whether the user's credit covers the minimum billable period."""

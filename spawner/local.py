@@ -168,7 +168,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self):
-        request = self.gpu_request()
+        request = self.request or self.gpu_request(self.user_options)
         pool = await self.pool()
         prices = await self.prices_for(pool.free_view())
         # place and take in one synchronous step: no other spawn can interleave here
@@ -248,18 +248,10 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         if record["session_id"] == self._closed_session:
             return
         self._closed_session = record["session_id"]
-        try:
-            result = await self.billing.stop_session(record["session_id"], ended_at)
-            self.log.info(
-                "%s: stopped; billed %s s, released %s",
-                self.holder,
-                result.get("billed_seconds"),
-                ",".join(released) or "no GPU",
-            )
-        except (BillingUnavailable, BillingRefused) as e:
-            self.log.error(
-                "%s: could not close billing session %s: %s", self.holder, record["session_id"], e
-            )
+        result = await self.close_billing_session(record["session_id"], ended_at)
+        billed = result.get("billed_seconds") if result else "(pending)"
+        devices = ",".join(released) or "no GPU"
+        self.log.info("%s: stopped; billed %s s, released %s", self.holder, billed, devices)
 
     async def stop(self, now: bool = False) -> None:
         record = self.gpu
