@@ -62,8 +62,15 @@ def billing_unavailable(e: Exception) -> web.HTTPError:
 
 
 def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) -> None:
-    """JupyterHub's apply_user_options hook: validate before anything starts (400 if bad)."""
-    spawner.request = spawner.gpu_request(user_options)
+    """JupyterHub's apply_user_options hook: validate the options before anything starts.
+
+    A bad request is refused by ``start()`` with a 400 (JupyterHub logs that as one line;
+    an exception raised here would be logged with a traceback).
+    """
+    try:
+        spawner.request, spawner.request_error = parse_request(user_options, spawner.catalog), None
+    except RequestError as e:
+        spawner.request, spawner.request_error = None, str(e)
 
 
 class GPUSpawnerMixin(LoggingConfigurable):
@@ -111,8 +118,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
     def _default_apply_user_options(self):
         return apply_gpu_options
 
-    #: the validated request of the spawn in progress (set by apply_user_options)
+    #: the validated request of the spawn in progress, or why it is invalid
     request: Request | None = None
+    request_error: str | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -181,12 +189,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     # -- requests ------------------------------------------------------------------------
 
-    def gpu_request(self, options: dict[str, Any] | None) -> Request:
-        """``user_options`` as a validated Request; 400 saying what is wrong otherwise."""
-        try:
-            return parse_request(options, self.catalog)
-        except RequestError as e:
-            raise web.HTTPError(400, f"Invalid server options: {e}") from None
+    def validated_request(self) -> Request:
+        """The request ``apply_user_options`` validated; 400 saying what is wrong otherwise."""
+        if self.request is None:
+            apply_gpu_options(self, self.user_options)
+        if self.request_error is not None:
+            raise web.HTTPError(400, f"Invalid server options: {self.request_error}")
+        return self.request
 
     def decide(
         self, request: Request, view: FreeView, prices: dict[str, int]

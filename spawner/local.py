@@ -168,7 +168,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self):
-        request = self.request or self.gpu_request(self.user_options)
+        request = self.validated_request()
         pool = await self.pool()
         prices = await self.prices_for(pool.free_view())
         # place and take in one synchronous step: no other spawn can interleave here
