@@ -48,7 +48,8 @@ def main() -> int:
             cwd=settings.data_dir,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=os.environ.copy(),
+            # the hub runs in the data directory: give it that directory as an absolute path
+            env={**os.environ, "GPUTAP__DATA_DIR": str(settings.data_dir)},
         )
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:

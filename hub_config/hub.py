@@ -75,6 +75,7 @@ def apply(c: Any, settings: Settings) -> None:
     # servers keep running (and billing keeps counting) across hub restarts
     c.JupyterHub.cleanup_servers = False
     c.ConfigurableHTTPProxy.command = proxy_command(hub)
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(hub['proxy_api_port'])}"
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 
     _authentication(c, hub)

@@ -14,6 +14,7 @@ import os
 import re
 import time
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # per-server GPU record: {"session_id", "offering", "count", "devices", "started_at"}
     gpu: dict[str, Any] | None = None
     _closed_session: str | None = None
+    _stop_requested: datetime | None = None
 
     @property
     def holder(self) -> str:
@@ -239,9 +241,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
         self.gpu = None
 
-    async def _finish(self, record: dict[str, Any] | None) -> None:
-        """End billing at this moment and free the devices (after stop or death)."""
-        ended_at = utcnow()
+    async def _finish(self, record: dict[str, Any] | None, ended_at: datetime) -> None:
+        """End billing at ``ended_at`` and free the devices (after stop or death)."""
         released = (await self.pool()).release(self.holder)
         if record is None or "started_at" not in record:
             return
@@ -254,18 +255,24 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         self.log.info("%s: stopped; billed %s s, released %s", self.holder, billed, devices)
 
     async def stop(self, now: bool = False) -> None:
+        # billing ends when the stop is asked for: the user has lost the server (its route is
+        # gone), so the seconds of a graceful shutdown are not theirs to pay
+        self._stop_requested = utcnow()
         record = self.gpu
-        await super().stop(now=now)
-        if record is not None:
+        try:
+            await super().stop(now=now)  # polls while waiting: poll() may settle first
+        finally:
+            requested, self._stop_requested = self._stop_requested, None
+        if record is not None and self.gpu is not None:
             self.gpu = None
-            await self._finish(record)
+            await self._finish(record, requested)
 
     async def poll(self):
         record = self.gpu
         status = await super().poll()
         if status is not None and record is not None:
             self.gpu = None
-            await self._finish(record)
+            await self._finish(record, self._stop_requested or utcnow())
         return status
 
     # -- state across hub restarts -------------------------------------------------------

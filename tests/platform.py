@@ -53,12 +53,14 @@ class Platform:
         self.root = root
         self.ops_token = secrets.token_hex(16)
         self.port, self.hub_port, self.billing_port = free_port(), free_port(), free_port()
+        self.proxy_api_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         settings: dict[str, Any] = {
             "data_dir": str(root / "data"),
             "hub": {
                 "port": self.port,
                 "hub_port": self.hub_port,
+                "proxy_api_port": self.proxy_api_port,
                 "services": [
                     {"name": "ops", "api_token": self.ops_token, "scopes": OPS_SCOPES},
                     *(services or []),

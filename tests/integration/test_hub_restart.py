@@ -30,8 +30,8 @@ def test_running_server_survives_hub_restart_with_its_device_and_billing(platfor
     assert r.status_code == 409, r.text
     assert "No A100-80GB free now (0 of 1 free)" in r.json()["message"]
 
-    platform.stop_server("dave")
     down = time.time()
+    platform.stop_server("dave")
     [session] = platform.sessions("dave")
     assert session["state"] == "ended"
     assert abs(session["billed_seconds"] - (down - up)) <= 1  # one session across the restart

@@ -47,8 +47,8 @@ def test_slice_server_runs_with_its_device_and_is_billed_per_second(platform):
     assert [s["sku"] for s in before["running"]] == ["A100-80GB/1g.10gb"]
 
     time.sleep(4)
+    down = time.time()  # billing ends when the stop is asked for
     platform.stop_server("alice")
-    down = time.time()
 
     [session] = platform.sessions("alice")
     assert session["state"] == "ended"
