@@ -93,6 +93,8 @@ def apply(c: Any, settings: Settings) -> None:
     c.Spawner.environment = {
         "PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
         "LANG": "C.UTF-8",
+        # servers never reach out to the internet: no news feed, no update checks
+        "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
     }
     c.GPULocalSpawner.inventory = spawner.get("inventory", "auto")
     if spawner.get("inventory_file"):

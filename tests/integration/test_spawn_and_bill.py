@@ -35,6 +35,11 @@ def test_slice_server_runs_with_its_device_and_is_billed_per_second(platform):
     up = wait_through_proxy(platform, "alice", token)
     platform.wait_ready("alice")
 
+    lab = requests.get(
+        f"{platform.url}/user/alice/lab", headers={"Authorization": f"token {token}"}, timeout=30
+    )
+    assert '"news": {"disabled": true}' in lab.text  # no calls to the internet from Lab
+
     env = platform.server_env("alice")
     assert env["CUDA_VISIBLE_DEVICES"] in SLICES
     assert env["GPUTAP_OFFERING"] == "A100-80GB/1g.10gb"
