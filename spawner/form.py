@@ -8,6 +8,7 @@ into the same ``user_options`` the REST API accepts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -73,6 +74,14 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
         else "no price set"
     )
     count = ""
+    by_count = ""
+    if o.kind == "card" and choice.max_count > 1 and price:
+        # how long the credit lasts for each count, switched by the count selector
+        texts = [
+            f"credit lasts {format_duration(credit_lasts(available_micro, price * n))}"
+            for n in range(1, choice.max_count + 1)
+        ]
+        by_count = f" data-by-count='{escape(json.dumps(texts))}'"
     if o.kind == "card" and choice.max_count > 1:
         options = "".join(
             f'<option value="{n}">{n}</option>' for n in range(1, choice.max_count + 1)
@@ -99,7 +108,7 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
         f' <b>{label}</b>{count} <span class="gputap-what">{_what(o)}</span>'
         f' <span class="gputap-free">{availability}</span>'
         f' <span class="gputap-price">{price_text}</span>'
-        f' <span class="gputap-lasts">{lasts}</span>{alternatives}</label>'
+        f' <span class="gputap-lasts"{by_count}>{lasts}</span>{alternatives}</label>'
     )
 
 
@@ -124,6 +133,16 @@ _STYLE = """
 _SCRIPT = """
 <script>
 (function () {
+  document.querySelectorAll(".gputap-choice select").forEach(function (select) {
+    select.addEventListener("change", function () {
+      var row = select.closest(".gputap-choice");
+      var lasts = row.querySelector(".gputap-lasts");
+      var texts = JSON.parse(lasts.dataset.byCount || "[]");
+      if (texts[select.selectedIndex]) lasts.textContent = texts[select.selectedIndex];
+      row.querySelector("input[type=radio]").checked = true;
+    });
+  });
+
   var box = document.getElementById("gputap-spec");
   var out = document.getElementById("gputap-spec-preview");
   var timer = null;

@@ -36,6 +36,11 @@ def test_login_form_spawn_lab_stop_and_see_the_bill(platform, browser, tmp_path)
     option = page.locator('input[value="slice:A100-80GB/1g.10gb"]')
     expect(page.locator('[data-key="A100-80GB/1g.10gb"]')).to_contain_text("simulated")
     expect(page.locator('[data-key="A100-80GB/1g.10gb"]')).to_contain_text("3 of 3 free")
+    # two RTX 4090s cost twice as much: the credit lasts half as long
+    rtx = page.locator('[data-key="RTX-4090"]')
+    expect(rtx.locator(".gputap-lasts")).to_have_text("credit lasts 2 h 00 min")
+    rtx.locator("select").select_option("2")
+    expect(rtx.locator(".gputap-lasts")).to_have_text("credit lasts 1 h 00 min")
     # the spec preview tells which card a need would get, before committing
     page.fill('input[name="spec_min_memory_gb"]', "32")
     page.fill('input[name="spec_min_tflops"]', "80")
