@@ -22,11 +22,13 @@ from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
 from .form import Choice, options_from_form, preview_answer, render_form
 from .placement import (
+    CardRequest,
     FreeView,
     Placement,
     Refusal,
     Request,
     RequestError,
+    SliceRequest,
     parse_request,
     place,
 )
@@ -150,8 +152,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
         for key in view.keys():
             offering = self.catalog.offering(key)
             alternatives: tuple = ()
-            if view.max_free(key) == 0:
-                answer = place(self._request_for(offering), view, self.catalog, prices)
+            if view.max_free(key) == 0 and key in prices:
+                request = (
+                    SliceRequest(offering.card, offering.profile)
+                    if offering.kind == "slice"
+                    else CardRequest(offering.card)
+                )
+                answer = place(request, view, self.catalog, prices)
                 alternatives = answer.alternatives if isinstance(answer, Refusal) else ()
             result.append(
                 Choice(
@@ -166,12 +173,6 @@ class GPUSpawnerMixin(LoggingConfigurable):
         result.sort(key=lambda c: (c.price_per_hour_micro or 0, c.offering.key))
         result.append(Choice(self.catalog.cpu, 1, 1, 1, prices.get(CPU_KEY)))
         return result, simulated
-
-    def _request_for(self, offering) -> Request:
-        options: dict[str, Any] = {"kind": offering.kind, "card": offering.card}
-        if offering.kind == "slice":
-            options["profile"] = offering.profile
-        return parse_request(options, self.catalog)
 
     async def _render_options_form(self, spawner=None) -> str:
         try:

@@ -37,9 +37,15 @@ _pending_claims: dict[str, list[str]] = {}
 
 
 def safe_dirname(name: str) -> str:
-    """A username as one safe path component (JupyterHub usernames may hold '@', '/'...)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", lambda m: f"-{ord(m[0]):x}-", name)
-    return cleaned.lstrip(".") or "user"
+    """A username as one path component, different for different names.
+
+    Every character outside ``[A-Za-z0-9_.]`` (``-`` included) becomes ``-<hex>-``, and so does
+    a leading dot, so two users never share a home and no name escapes ``homes_root``.
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9_.]", lambda m: f"-{ord(m[0]):x}-", name)
+    if cleaned.startswith("."):
+        cleaned = "-2e-" + cleaned[1:]
+    return cleaned or "-"
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
