@@ -18,7 +18,9 @@
  * FAKE_NVML_DEVICES         entries separated by ';' (spaces and newlines around them ignored).
  *   A GPU:         NAME|UUID|MEMORY_MIB|MIG
  *                  MIG is "none" (card cannot do MIG: GetMigMode answers NOT_SUPPORTED),
- *                  "off" or "on" (MIG-capable, 7 MIG device slots, like A100/H100/H200).
+ *                  "off" or "on" (MIG-capable, 7 MIG device slots, like A100/H100/H200),
+ *                  or "lost": a GPU that fell off the bus, still counted, whose
+ *                  GetHandleByIndex answers NVML_ERROR_GPU_IS_LOST.
  *   A MIG device:  @SLOT|NAME|UUID|MEMORY_MIB
  *                  in slot SLOT (0..6) of the GPU entry before it. Slots not listed are empty:
  *                  GetMigDeviceHandleByIndex answers NVML_ERROR_NOT_FOUND for them.
@@ -48,6 +50,7 @@ typedef enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -77,7 +80,7 @@ typedef struct {
 #define MAX_MIG_SLOTS 7
 #define TEXT_SIZE 96 /* NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 
-enum mig_support { MIG_NONE, MIG_OFF, MIG_ON };
+enum mig_support { MIG_NONE, MIG_OFF, MIG_ON, LOST };
 
 struct fake_device {
     int used;
@@ -157,7 +160,8 @@ static int parse_devices(const char *spec) {
         } else if (f[0][0] == '@') {
             char *end;
             long slot = strtol(f[0] + 1, &end, 10);
-            if (gpu_count == 0 || gpus[gpu_count - 1].mig == MIG_NONE)
+            if (gpu_count == 0 || gpus[gpu_count - 1].mig == MIG_NONE ||
+                gpus[gpu_count - 1].mig == LOST)
                 ok = bad(shown, "a MIG device must follow a GPU whose MIG is off or on");
             else if (!f[0][1] || *end || slot < 0 || slot >= MAX_MIG_SLOTS)
                 ok = bad(shown, "slot must be 0 to 6");
@@ -175,8 +179,10 @@ static int parse_devices(const char *spec) {
                 d->mig = MIG_OFF;
             else if (!strcmp(f[3], "on"))
                 d->mig = MIG_ON;
+            else if (!strcmp(f[3], "lost"))
+                d->mig = LOST;
             else
-                ok = bad(shown, "MIG must be none, off or on");
+                ok = bad(shown, "MIG must be none, off, on or lost");
             if (ok && (ok = fill(d, shown, f[0], f[1], f[2])))
                 gpu_count++;
         }
@@ -245,6 +251,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED:
         return "Driver Not Loaded";
+    case NVML_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
         return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH:
@@ -266,6 +274,8 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     REQUIRE_INIT();
     if (!device || index >= gpu_count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpus[index].mig == LOST)
+        return NVML_ERROR_GPU_IS_LOST;
     *device = &gpus[index];
     return NVML_SUCCESS;
 }

@@ -57,6 +57,14 @@ def test_a_card_the_catalog_does_not_know_is_skipped_with_a_warning(read_invento
     assert "GPU 0 (Matrox G200) is not in the catalog" in reading.log
 
 
+def test_a_gpu_nvml_cannot_reach_is_skipped_and_the_others_are_listed(read_inventory):
+    lost = "NVIDIA A100-SXM4-80GB|GPU-00000000-0000-0000-0000-000000000002|81920|lost"
+    reading = read_inventory("auto", devices=f"{lost};{H200}")
+    assert reading.error is None, reading.message
+    assert [(d.uuid, d.gpu_index, d.simulated) for d in reading.devices] == [(H200_UUID, 1, False)]
+    assert "GPU 0: GPU is lost; skipped" in reading.log
+
+
 def test_only_unknown_cards_means_no_nvml_inventory(read_inventory):
     reading = read_inventory("nvml", devices=MATROX)
     assert reading.error == "InventoryUnavailable"
