@@ -57,7 +57,13 @@ def nvml_devices(catalog: Catalog) -> list[Device]:
     try:
         devices: list[Device] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as e:
+                # NVML still counts a GPU that fell off the bus or that we may not open;
+                # the others on the machine stay usable.
+                log.warning("GPU %d: %s; skipped", index, e)
+                continue
             name = _text(pynvml.nvmlDeviceGetName(handle))
             card = catalog.card_for_product(name)
             if card is None:
