@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.gputap-installed
 NODE_STAMP := node_modules/.gputap-installed
 
-.PHONY: setup demo test lint format bench chromium clean
+.PHONY: setup demo test lint format bench system-packages clean
 
 setup: $(PY_STAMP) $(NODE_STAMP)
 
@@ -24,11 +24,15 @@ $(NODE_STAMP): package.json package-lock.json
 demo: setup
 	$(PY) -m hub_config.demo
 
-# Chromium for the browser tests (Debian's package; Playwright drives /usr/bin/chromium).
-chromium:
-	@if [ ! -x /usr/bin/chromium ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
-	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; \
+# System packages the tests use: Chromium for the browser tests (Playwright drives
+# /usr/bin/chromium) and gcc for the NVML test double. Installed with apt-get when root.
+system-packages:
+	@missing=""; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing; \
+	  else echo "The tests need:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
 
 lint: setup
@@ -39,7 +43,7 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: setup chromium lint
+test: setup system-packages lint
 	$(PY) -m pytest
 
 bench: setup
