@@ -1,0 +1,135 @@
+"""What exists and what is free on a Kubernetes cluster, from nodes and pods.
+
+GPU nodes are recognised by their GPU Feature Discovery labels and allocatable extended
+resources: ``nvidia.com/gpu`` (whole cards) and ``nvidia.com/mig-<profile>`` (MIG slices,
+mixed strategy). Free = allocatable minus the requests of non-terminal pods bound to the node;
+cordoned nodes offer nothing. :class:`ClusterInventory` is pure: it takes node and pod objects
+(Kubernetes JSON) one event at a time, each an O(1) update of its :class:`FreeView`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .catalog import Catalog, offering_key
+from .placement import FreeView
+
+log = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MIG_PREFIX = "nvidia.com/mig-"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def quantity(value: Any) -> int:
+    """An extended-resource quantity ("2", 2) as an int; GPUs are never fractional."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+@dataclass
+class NodeGPUs:
+    """The GPU offerings of one node: offering key -> (resource name, allocatable)."""
+
+    name: str
+    resources: dict[str, tuple[str, int]] = field(default_factory=dict)
+    schedulable: bool = True
+
+
+def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
+    """Offerings of a node object from its GFD product label and allocatable resources."""
+    meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
+    result = NodeGPUs(meta["name"], schedulable=not spec.get("unschedulable", False))
+    product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
+    card = catalog.card_for_product(product) if product else None
+    if card is None:
+        if product:
+            log.warning("node %s: GPU %s is not in the catalog; not offered", meta["name"], product)
+        return result
+    allocatable = status.get("allocatable") or {}
+    for resource, value in allocatable.items():
+        count = quantity(value)
+        if count <= 0:
+            continue
+        if resource == GPU_RESOURCE:
+            result.resources[card.sku] = (resource, count)
+        elif resource.startswith(MIG_PREFIX):
+            profile = resource[len(MIG_PREFIX) :]
+            if card.profile(profile) is not None:
+                result.resources[offering_key(card.sku, profile)] = (resource, count)
+    return result
+
+
+def pod_requests(pod: Mapping[str, Any]) -> Counter[str]:
+    """GPU and MIG units a pod asks for (limits, or requests when no limit is set)."""
+    wanted: Counter[str] = Counter()
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        for resource, value in asked.items():
+            if resource == GPU_RESOURCE or resource.startswith(MIG_PREFIX):
+                wanted[resource] += quantity(value)
+    return wanted
+
+
+class ClusterInventory:
+    """Nodes and pods → free GPUs and slices per node, kept current event by event."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self.nodes: dict[str, NodeGPUs] = {}
+        self.view = FreeView()
+        self._used: dict[str, Counter[str]] = {}
+        # pod uid -> (node, requests) for pods that hold resources
+        self._holding: dict[str, tuple[str, Counter[str]]] = {}
+
+    def _refresh(self, node_name: str) -> None:
+        node = self.nodes.get(node_name)
+        if node is None:
+            return
+        used = self._used.get(node_name, Counter())
+        for key, (resource, allocatable) in node.resources.items():
+            capacity = allocatable if node.schedulable else 0
+            free = min(capacity, max(0, allocatable - used[resource]))
+            self.view.set(key, node_name, free, capacity)
+
+    def apply_node(self, event: str, node: Mapping[str, Any]) -> None:
+        """A node was ADDED, MODIFIED or DELETED."""
+        name = node["metadata"]["name"]
+        old = self.nodes.pop(name, None)
+        if old is not None:
+            for key in old.resources:
+                self.view.set(key, name, 0, 0)
+        if event != "DELETED":
+            self.nodes[name] = node_gpus(node, self.catalog)
+            self._refresh(name)
+
+    def apply_pod(self, event: str, pod: Mapping[str, Any]) -> None:
+        """A pod was ADDED, MODIFIED or DELETED."""
+        uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        holds = event != "DELETED" and node_name and phase not in TERMINAL_PHASES
+        wanted = pod_requests(pod) if holds else Counter()
+        previous = self._holding.pop(uid, None)
+        if previous is not None:
+            old_node, old_wanted = previous
+            self._used[old_node].subtract(old_wanted)
+            if old_node != node_name:
+                self._refresh(old_node)
+        if holds and wanted:
+            self._holding[uid] = (node_name, wanted)
+            self._used.setdefault(node_name, Counter()).update(wanted)
+        if node_name:
+            self._refresh(node_name)
+
+    def reset(self) -> None:
+        """Forget everything (before a full relist)."""
+        self.__init__(self.catalog)

@@ -1,0 +1,81 @@
+from spawner.catalog import Catalog
+from spawner.kube_inventory import ClusterInventory, pod_requests
+
+CATALOG = Catalog.load()
+
+
+def node(name, product, allocatable, unschedulable=False):
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product}},
+        "spec": {"unschedulable": unschedulable},
+        "status": {"allocatable": {"cpu": "64", **allocatable}},
+    }
+
+
+def pod(uid, node_name, limits, phase="Running"):
+    return {
+        "metadata": {"name": uid, "uid": uid},
+        "spec": {"nodeName": node_name, "containers": [{"resources": {"limits": limits}}]},
+        "status": {"phase": phase},
+    }
+
+
+def cluster():
+    inv = ClusterInventory(CATALOG)
+    inv.apply_node("ADDED", node("gpu-a100", "NVIDIA-A100-SXM4-80GB", {"nvidia.com/gpu": "8"}))
+    inv.apply_node(
+        "ADDED", node("gpu-h100", "NVIDIA-H100-80GB-HBM3", {"nvidia.com/mig-1g.10gb": "56"})
+    )
+    inv.apply_node("ADDED", node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"}))
+    return inv
+
+
+def test_nodes_offer_cards_and_slices_from_gfd_labels():
+    view = cluster().view
+    assert sorted(view.keys()) == ["A100-80GB", "H100-80GB/1g.10gb", "L40S"]
+    assert (view.free("A100-80GB"), view.total("H100-80GB/1g.10gb")) == (8, 56)
+
+
+def test_free_is_allocatable_minus_bound_non_terminal_pods():
+    inv = cluster()
+    inv.apply_pod("ADDED", pod("p1", "gpu-a100", {"nvidia.com/gpu": "2"}))
+    inv.apply_pod("ADDED", pod("p2", None, {"nvidia.com/gpu": "4"}))  # pending: holds nothing
+    inv.apply_pod("ADDED", pod("p3", "gpu-h100", {"nvidia.com/mig-1g.10gb": 1}))
+    assert inv.view.free("A100-80GB") == 6
+    assert inv.view.free("H100-80GB/1g.10gb") == 55
+    # the same event twice changes nothing
+    inv.apply_pod("MODIFIED", pod("p1", "gpu-a100", {"nvidia.com/gpu": "2"}))
+    assert inv.view.free("A100-80GB") == 6
+    inv.apply_pod("MODIFIED", pod("p1", "gpu-a100", {"nvidia.com/gpu": "2"}, phase="Succeeded"))
+    assert inv.view.free("A100-80GB") == 8
+    inv.apply_pod("DELETED", pod("p3", "gpu-h100", {"nvidia.com/mig-1g.10gb": 1}))
+    assert inv.view.free("H100-80GB/1g.10gb") == 56
+
+
+def test_cordoned_and_deleted_nodes_offer_nothing():
+    inv = cluster()
+    inv.apply_node(
+        "MODIFIED", node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"}, unschedulable=True)
+    )
+    assert inv.view.total("L40S") == 0
+    inv.apply_node("DELETED", node("gpu-a100", "NVIDIA-A100-SXM4-80GB", {}))
+    assert "A100-80GB" not in inv.view.keys()
+
+
+def test_unknown_cards_and_profiles_are_not_offered():
+    inv = ClusterInventory(CATALOG)
+    inv.apply_node("ADDED", node("x", "Matrox-G200", {"nvidia.com/gpu": "1"}))
+    inv.apply_node("ADDED", node("y", "NVIDIA-A100-SXM4-80GB", {"nvidia.com/mig-9g.99gb": "1"}))
+    assert inv.view.keys() == []
+
+
+def test_pod_requests_take_limits_then_requests():
+    p = {
+        "spec": {
+            "containers": [
+                {"resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                {"resources": {"requests": {"nvidia.com/mig-1g.10gb": "2", "cpu": "4"}}},
+            ]
+        }
+    }
+    assert pod_requests(p) == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2}
