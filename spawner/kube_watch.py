@@ -1,0 +1,137 @@
+"""One watch-based cache per hub: list and watch nodes and pods into a ClusterInventory.
+
+KubeSpawner's ResourceReflector keeps a dict of namespaced objects and relists on every
+reconnect; the inventory needs cluster-scoped nodes and a callback per event (each an O(1)
+update), so this module runs its own list+watch loops on KubeSpawner's shared client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import ApiException
+
+from .catalog import Catalog
+from .kube_inventory import ClusterInventory
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Mapping[str, Any]], None]
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return meta.get("uid") or f"{meta.get('namespace', '')}/{meta['name']}"
+
+
+async def list_and_watch(
+    api: Any,
+    list_method: str,
+    on_event: Handler,
+    on_relist: Callable[[list[Mapping[str, Any]]], None],
+    ready: asyncio.Event,
+    timeout_seconds: int = 60,
+) -> None:
+    """List, hand the items to ``on_relist``, then stream events to ``on_event``; forever.
+
+    A dropped or expired watch resumes from the last resourceVersion, or relists after a
+    410 Gone or an error (backing off up to 30 s)."""
+    method = getattr(api, list_method)
+    resource_version: str | None = None
+    delay = 0.1
+    while True:
+        try:
+            if resource_version is None:
+                raw = await method(_preload_content=False)
+                listing = json.loads(await raw.read())
+                on_relist(listing["items"])
+                resource_version = listing["metadata"]["resourceVersion"]
+                ready.set()
+            stream = watch.Watch().stream(
+                partial(method, _preload_content=False),
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+            )
+            async with stream as events:
+                async for event in events:
+                    obj = event["raw_object"]
+                    if event["type"] == "ERROR":
+                        if obj.get("code") == 410:
+                            resource_version = None
+                            break
+                        raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        on_event(event["type"], obj)
+                    resource_version = obj["metadata"].get("resourceVersion", resource_version)
+            delay = 0.1
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("watching %s failed (%s); relisting in %.1f s", list_method, e, delay)
+            resource_version = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30)
+
+
+class ClusterWatcher:
+    """Keeps a ClusterInventory current from the Kubernetes API. Start it once per hub."""
+
+    def __init__(self, api: Any, catalog: Catalog):
+        self.api = api
+        self.inventory = ClusterInventory(catalog)
+        self._nodes_ready = asyncio.Event()
+        self._pods_ready = asyncio.Event()
+        self._known: dict[str, dict[str, Mapping[str, Any]]] = {"node": {}, "pod": {}}
+        self._tasks: list[asyncio.Task] = []
+
+    def _handler(self, kind: str) -> Handler:
+        apply = self.inventory.apply_node if kind == "node" else self.inventory.apply_pod
+        known = self._known[kind]
+
+        def on_event(event: str, obj: Mapping[str, Any]) -> None:
+            if event == "DELETED":
+                known.pop(_key(obj), None)
+            else:
+                known[_key(obj)] = obj
+            apply(event, obj)
+
+        return on_event
+
+    def _relister(self, kind: str) -> Callable[[list[Mapping[str, Any]]], None]:
+        on_event = self._handler(kind)
+        known = self._known[kind]
+
+        def on_relist(items: list[Mapping[str, Any]]) -> None:
+            fresh = {_key(obj): obj for obj in items}
+            for key in [k for k in known if k not in fresh]:
+                on_event("DELETED", known[key])
+            for obj in items:
+                on_event("MODIFIED", obj)
+
+        return on_relist
+
+    def start(self) -> None:
+        for kind, method, ready in (
+            ("node", "list_node", self._nodes_ready),
+            ("pod", "list_pod_for_all_namespaces", self._pods_ready),
+        ):
+            task = asyncio.ensure_future(
+                list_and_watch(self.api, method, self._handler(kind), self._relister(kind), ready)
+            )
+            self._tasks.append(task)
+
+    async def ready(self, timeout: float = 30) -> None:
+        await asyncio.wait_for(
+            asyncio.gather(self._nodes_ready.wait(), self._pods_ready.wait()), timeout
+        )
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
