@@ -126,10 +126,9 @@ class ClusterWatcher:
             )
             self._tasks.append(task)
 
-    async def ready(self, timeout: float = 30) -> None:
-        await asyncio.wait_for(
-            asyncio.gather(self._nodes_ready.wait(), self._pods_ready.wait()), timeout
-        )
+    async def ready(self) -> None:
+        """Return once nodes and pods have been listed at least once."""
+        await asyncio.gather(self._nodes_ready.wait(), self._pods_ready.wait())
 
     def stop(self) -> None:
         for task in self._tasks:
