@@ -41,13 +41,16 @@ class NodeGPUs:
     name: str
     resources: dict[str, tuple[str, int]] = field(default_factory=dict)
     schedulable: bool = True
+    product: str | None = None
 
 
 def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
     """Offerings of a node object from its GFD product label and allocatable resources."""
     meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
-    result = NodeGPUs(meta["name"], schedulable=not spec.get("unschedulable", False))
     product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
+    result = NodeGPUs(
+        meta["name"], schedulable=not spec.get("unschedulable", False), product=product
+    )
     card = catalog.card_for_product(product) if product else None
     if card is None:
         if product:

@@ -1,0 +1,75 @@
+import pytest
+from kubespawner.slugs import is_valid_label
+
+from spawner.catalog import Catalog
+from spawner.kube_objects import gpu_pod_settings, label
+from spawner.placement import Placement
+
+CATALOG = Catalog.load()
+
+
+def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
+    placement = Placement(CATALOG.offering("A100-80GB"), 2, "gpu-a100", 8_000_000)
+    assert gpu_pod_settings(
+        placement, CATALOG, username="alice", product="NVIDIA-A100-SXM4-80GB"
+    ) == {
+        "extra_labels": {
+            "gputap.io/user": "alice",
+            "gputap.io/server": "default",
+            "gputap.io/count": "2",
+            "gputap.io/price-class": "on-demand",
+            "gputap.io/card": "A100-80GB",
+        },
+        "extra_annotations": {
+            "gputap.io/user": "alice",
+            "gputap.io/server": "",
+            "gputap.io/offering": "A100-80GB",
+            "gputap.io/price-per-hour-micro": "8000000",
+        },
+        "extra_resource_limits": {"nvidia.com/gpu": "2"},
+        "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "cpu_guarantee": 16.0,
+        "mem_guarantee": "240G",
+    }
+
+
+def test_a_slice_asks_for_its_mig_resource_and_a_share_of_cpu():
+    placement = Placement(CATALOG.offering("H100-80GB/1g.10gb"), 1, "gpu-h100", 1_714_286)
+    s = gpu_pod_settings(
+        placement,
+        CATALOG,
+        username="bob@uni.edu",
+        server_name="exp 1",
+        product="NVIDIA-H100-80GB-HBM3",
+        price_class="spot",
+        course="Intro to DL",
+    )
+    assert s["extra_resource_limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert s["extra_labels"]["gputap.io/slice"] == "1g.10gb"
+    assert s["extra_labels"]["gputap.io/price-class"] == "spot"
+    assert s["extra_annotations"]["gputap.io/user"] == "bob@uni.edu"
+    assert s["extra_annotations"]["gputap.io/course"] == "Intro to DL"
+    assert s["cpu_guarantee"] == round(12 / 7, 2)
+    assert all(is_valid_label(v) for v in s["extra_labels"].values())
+
+
+def test_cpu_only_has_labels_and_no_gpu():
+    s = gpu_pod_settings(Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol")
+    assert set(s) == {"extra_labels", "extra_annotations"}
+    assert s["extra_annotations"]["gputap.io/offering"] == "cpu"
+
+
+def test_label_values_are_valid_and_distinct():
+    values = {label(n) for n in ["a@b", "a-b", "A_B", "x" * 100, "ünï"]}
+    assert len(values) == 5
+    assert all(len(v) <= 63 and is_valid_label(v) for v in values)
+
+
+def test_bad_input_is_refused():
+    placement = Placement(CATALOG.offering("A100-80GB"), 1, "n", 1)
+    with pytest.raises(ValueError, match="product"):
+        gpu_pod_settings(placement, CATALOG, username="a")
+    with pytest.raises(ValueError, match="price_class"):
+        gpu_pod_settings(placement, CATALOG, username="a", product="p", price_class="cheap")
