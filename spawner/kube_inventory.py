@@ -24,6 +24,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+#: annotation naming the reservation a pod fulfils (set by the spawner)
+RESERVATION_ANNOTATION = "gputap.io/reservation"
 
 
 def quantity(value: Any) -> int:
@@ -92,6 +94,8 @@ class ClusterInventory:
         self._used: dict[str, Counter[str]] = {}
         # pod uid -> (node, requests) for pods that hold resources
         self._holding: dict[str, tuple[str, Counter[str]]] = {}
+        # placements made but whose pod is not yet seen bound: holder -> (node, requests)
+        self._reserved: dict[str, tuple[str, Counter[str]]] = {}
 
     def _refresh(self, node_name: str) -> None:
         node = self.nodes.get(node_name)
@@ -114,9 +118,29 @@ class ClusterInventory:
             self.nodes[name] = node_gpus(node, self.catalog)
             self._refresh(name)
 
+    def reserve(self, holder: str, key: str, node: str, count: int) -> None:
+        """Hold ``count`` units of ``key`` on ``node`` for a pod about to be created, so the
+        next placement does not count them free before the watch shows the pod bound."""
+        self.release(holder)
+        resource = self.nodes[node].resources[key][0]
+        wanted = Counter({resource: count})
+        self._reserved[holder] = (node, wanted)
+        self._used.setdefault(node, Counter()).update(wanted)
+        self._refresh(node)
+
+    def release(self, holder: str) -> None:
+        """Drop a reservation (its pod is bound and counted, or the spawn failed)."""
+        reserved = self._reserved.pop(holder, None)
+        if reserved is not None:
+            node, wanted = reserved
+            self._used[node].subtract(wanted)
+            self._refresh(node)
+
     def apply_pod(self, event: str, pod: Mapping[str, Any]) -> None:
         """A pod was ADDED, MODIFIED or DELETED."""
-        uid = pod["metadata"].get("uid") or pod["metadata"]["name"]
+        meta = pod["metadata"]
+        holder = (meta.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        uid = meta.get("uid") or meta["name"]
         node_name = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         holds = event != "DELETED" and node_name and phase not in TERMINAL_PHASES
@@ -127,6 +151,8 @@ class ClusterInventory:
             self._used[old_node].subtract(old_wanted)
             if old_node != node_name:
                 self._refresh(old_node)
+        if holder and (holds or event == "DELETED" or phase in TERMINAL_PHASES):
+            self.release(holder)  # the pod itself is counted from now on
         if holds and wanted:
             self._holding[uid] = (node_name, wanted)
             self._used.setdefault(node_name, Counter()).update(wanted)

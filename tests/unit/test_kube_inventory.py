@@ -79,3 +79,22 @@ def test_pod_requests_take_limits_then_requests():
         }
     }
     assert pod_requests(p) == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2}
+
+
+def test_a_reservation_holds_units_until_its_pod_is_seen_bound():
+    inv = cluster()
+    inv.reserve("alice/", "A100-80GB", "gpu-a100", 2)
+    assert inv.view.free("A100-80GB") == 6
+    pending = pod("p1", None, {"nvidia.com/gpu": "2"}, phase="Pending")
+    pending["metadata"]["annotations"] = {"gputap.io/reservation": "alice/"}
+    inv.apply_pod("ADDED", pending)
+    assert inv.view.free("A100-80GB") == 6  # still reserved, not counted twice
+    bound = pod("p1", "gpu-a100", {"nvidia.com/gpu": "2"})
+    bound["metadata"]["annotations"] = {"gputap.io/reservation": "alice/"}
+    inv.apply_pod("MODIFIED", bound)
+    assert inv.view.free("A100-80GB") == 6  # now the pod holds them, not the reservation
+    inv.apply_pod("DELETED", bound)
+    assert inv.view.free("A100-80GB") == 8
+    inv.reserve("bob/", "L40S", "gpu-l40s", 1)
+    inv.release("bob/")
+    assert inv.view.free("L40S") == 4
