@@ -11,11 +11,12 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from tornado import web
-from traitlets import Dict, Unicode, default
+from traitlets import Dict, Integer, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
@@ -28,10 +29,13 @@ from .placement import (
     Refusal,
     Request,
     RequestError,
+    ServerOptions,
     SliceRequest,
+    parse_options,
     parse_request,
     place,
 )
+from .queue import WaitQueues, ordinal
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +43,7 @@ PREVIEW_PATH = "gputap/preview"
 #: how long the hub keeps trying to close a billing session while billing is unreachable
 CLOSE_RETRY_SECONDS = 3600
 _retries: set[asyncio.Task] = set()
+_queues = WaitQueues()
 _CATALOGS: dict[str, Catalog] = {}
 
 
@@ -53,6 +58,19 @@ def load_catalog(cards: dict[str, Any]) -> Catalog:
     if key not in _CATALOGS:
         _CATALOGS[key] = Catalog.load({"cards": cards})
     return _CATALOGS[key]
+
+
+def _wanted_key(request: Request) -> str | None:
+    """The offering a request waits for when sold out (specs and CPU never wait)."""
+    if isinstance(request, CardRequest):
+        return request.card
+    if isinstance(request, SliceRequest):
+        return request.key
+    return None
+
+
+def _count(request: Request) -> int:
+    return request.count if isinstance(request, CardRequest) else 1
 
 
 def billing_unavailable(e: Exception) -> web.HTTPError:
@@ -70,9 +88,14 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
     an exception raised here would be logged with a traceback).
     """
     try:
-        spawner.request, spawner.request_error = parse_request(user_options, spawner.catalog), None
+        options = parse_options(user_options, spawner.catalog)
+        if options.spot and not spawner.offers_spot:
+            raise RequestError("spot (interruptible) servers need the Kubernetes backend")
+        spawner.server_options, spawner.options_error = options, None
     except RequestError as e:
-        spawner.request, spawner.request_error = None, str(e)
+        spawner.server_options, spawner.options_error = None, str(e)
+    else:
+        spawner.options_applied(options)
 
 
 class GPUSpawnerMixin(LoggingConfigurable):
@@ -108,6 +131,15 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """,
     )
 
+    queue_timeout = Integer(
+        3600,
+        config=True,
+        help="""Seconds a spawn may wait in the queue for a sold-out card or slice.
+
+        c.GPULocalSpawner.queue_timeout = 7200
+        """,
+    )
+
     @default("options_form")
     def _default_options_form(self):
         return self._render_options_form
@@ -120,9 +152,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
     def _default_apply_user_options(self):
         return apply_gpu_options
 
-    #: the validated request of the spawn in progress, or why it is invalid
-    request: Request | None = None
-    request_error: str | None = None
+    #: the validated options of the spawn in progress, or why they are invalid
+    server_options: ServerOptions | None = None
+    options_error: str | None = None
+    #: what the spawn is doing while it waits, and what it was matched to (spawn progress)
+    queue_note: str = ""
+    progress_note: str = ""
+    #: backends whose servers can be interrupted (Kubernetes priority classes)
+    offers_spot = False
+
+    _base_start_timeout: int | None = None
+
+    def options_applied(self, options: ServerOptions) -> None:
+        """Called with valid options before start(): a spawn that may wait in the queue gets
+        queue_timeout more to start."""
+        if self._base_start_timeout is None:
+            self._base_start_timeout = self.start_timeout
+        extra = self.queue_timeout if options.queue else 0
+        self.start_timeout = self._base_start_timeout + extra
 
     @property
     def catalog(self) -> Catalog:
@@ -190,13 +237,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     # -- requests ------------------------------------------------------------------------
 
-    def validated_request(self) -> Request:
-        """The request ``apply_user_options`` validated; 400 saying what is wrong otherwise."""
-        if self.request is None:
+    def validated_options(self) -> ServerOptions:
+        """The options ``apply_user_options`` validated; 400 saying what is wrong otherwise."""
+        if self.server_options is None and self.options_error is None:
             apply_gpu_options(self, self.user_options)
-        if self.request_error is not None:
-            raise web.HTTPError(400, f"Invalid server options: {self.request_error}")
-        return self.request
+        if self.options_error is not None:
+            raise web.HTTPError(400, f"Invalid server options: {self.options_error}")
+        return self.server_options
 
     def decide(
         self, request: Request, view: FreeView, prices: dict[str, int]
@@ -205,6 +252,59 @@ class GPUSpawnerMixin(LoggingConfigurable):
             return place(request, view, self.catalog, prices)
         except RequestError as e:
             raise web.HTTPError(400, f"Invalid server options: {e}") from None
+
+    async def place_or_wait(
+        self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
+    ) -> Placement:
+        """Place now, or, when the user asked to wait, wait first come first served.
+
+        Returns without yielding to the event loop after the decision, so the caller takes
+        the devices (or reserves the units) before any other spawn can decide.
+        """
+        request, holder = options.request, self._log_name
+        wanted = _wanted_key(request)
+        try:
+            while True:
+                view = free_view()
+                line = _queues.waiting(wanted) if wanted else 0
+                if line and not _queues.is_head(holder, wanted):
+                    label = self.catalog.offering(wanted).label
+                    answer: Placement | Refusal = Refusal(
+                        f"No {label} free for you now: {line} waiting before you"
+                    )
+                else:
+                    answer = self.decide(request, view, prices)
+                if isinstance(answer, Placement):
+                    return answer
+                if not options.queue or wanted is None:
+                    hint = " Ask to wait in the queue, or pick" if wanted else " Pick"
+                    raise web.HTTPError(409, f"{answer.message}{hint} a free option.")
+                waiter = _queues.join_if_absent(holder, wanted, _count(request))
+                self.queue_note = (
+                    f"waiting for a free {self.catalog.offering(wanted).label}: "
+                    f"{ordinal(_queues.position(holder))} in queue"
+                )
+                self.log.info("%s: %s", holder, self.queue_note)
+                waiter.woken.clear()
+                await waiter.woken.wait()
+        finally:
+            _queues.leave(holder)
+            self.queue_note = ""
+            _queues.poke(free_view())  # the next in line may fit in what is left
+
+    async def progress(self):
+        """Spawn progress: where the spawn stands in the queue, what it was matched to."""
+        shown = None
+        while True:
+            note = self.queue_note or self.progress_note
+            if note and note != shown:
+                shown = note
+                yield {"progress": 10 if self.queue_note else 30, "message": note}
+            await asyncio.sleep(0.5)
+
+    def inventory_changed(self, view: FreeView) -> None:
+        """Backends call this when devices free up: wake whoever is first in line."""
+        _queues.poke(view)
 
     async def preview(self, options: dict[str, Any]) -> dict[str, Any]:
         """Which card a request would get now, without taking anything."""

@@ -98,11 +98,12 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
             for a in choice.alternatives
         )
         alternatives = f'<div class="gputap-alt">Free now instead: {listed}</div>'
-    disabled = " disabled" if sold_out or not price else ""
-    checked = " checked" if first_free and not disabled else ""
+    # sold-out options stay selectable: with "wait in the queue" the spawn waits for one
+    disabled = " disabled" if not price else ""
+    checked = " checked" if first_free and not disabled and not sold_out else ""
     price_text = f"{format_credits(price)}/h" if price else "—"
     return (
-        f'<label class="gputap-choice{" gputap-out" if disabled else ""}" '
+        f'<label class="gputap-choice{" gputap-out" if disabled or sold_out else ""}" '
         f'data-key="{escape(o.key)}">'
         f'<input type="radio" name="choice" value="{escape(_value(choice))}"{disabled}{checked}>'
         f' <b>{label}</b>{count} <span class="gputap-what">{_what(o)}</span>'
@@ -175,9 +176,17 @@ def render_form(
     currency: str,
     simulated: bool,
     preview_url: str,
+    spot_discount_percent: int | None = None,
+    notice: str = "",
 ) -> str:
-    """HTML for JupyterHub's spawn page (inside its <form>)."""
+    """HTML for JupyterHub's spawn page (inside its <form>).
+
+    ``spot_discount_percent`` offers the interruptible choice (backends that can preempt);
+    ``notice`` is shown first (e.g. why the user's last server was stopped).
+    """
     parts = [_STYLE, '<div class="gputap-form">']
+    if notice:
+        parts.append(f'<div class="gputap-banner" id="gputap-notice">{escape(notice)}</div>')
     if simulated:
         parts.append(
             '<div class="gputap-banner">These GPUs are <b>simulated</b>: this machine has no '
@@ -210,6 +219,18 @@ def render_form(
         '<input type="number" name="spec_count" min="1" step="1" value="1"> GPU(s)'
         '<div id="gputap-spec-preview"></div></fieldset>'
     )
+    run = [
+        '<label class="gputap-choice"><input type="checkbox" name="queue" id="gputap-queue">'
+        " If what I pick is sold out, wait in the queue for it (first come, first served; "
+        "nothing is charged while waiting)</label>"
+    ]
+    if spot_discount_percent is not None:
+        run.append(
+            '<label class="gputap-choice"><input type="checkbox" name="spot" id="gputap-spot">'
+            f" Interruptible (spot): {spot_discount_percent}% cheaper, but the server may be "
+            "stopped when an on-demand server needs the GPU (your files stay)</label>"
+        )
+    parts.append(f"<fieldset><legend>How to run</legend>{''.join(run)}</fieldset>")
     parts.append("</div>")
     parts.append(_SCRIPT)
     return "\n".join(parts)
@@ -222,6 +243,14 @@ def _first(form: Mapping[str, Sequence[str]], name: str, default: str = "") -> s
 
 def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
     """Posted form fields → ``user_options`` (validated later, like the REST API's)."""
+    options = _choice_options(form_data)
+    for flag in ("queue", "spot"):
+        if _first(form_data, flag):
+            options[flag] = True
+    return options
+
+
+def _choice_options(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
     choice = _first(form_data, "choice")
     kind, _, key = choice.partition(":")
     if kind == "card":

@@ -26,7 +26,7 @@ from traitlets import Bool, Unicode, default
 from .base import GPUSpawnerMixin, billing_unavailable, utcnow
 from .billing_client import BillingRefused, BillingUnavailable
 from .inventory import DevicePool, load_local_devices
-from .placement import FreeView, Refusal
+from .placement import FreeView
 
 DEFAULT_INVENTORY_FILE = Path(__file__).parent.parent / "hub_config" / "simulated-inventory.yaml"
 
@@ -176,13 +176,11 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self):
-        request = self.validated_request()
+        options = self.validated_options()
         pool = await self.pool()
         prices = await self.prices_for(pool.free_view())
-        # place and take in one synchronous step: no other spawn can interleave here
-        answer = self.decide(request, pool.free_view(), prices)
-        if isinstance(answer, Refusal):
-            raise web.HTTPError(409, answer.message)
+        answer = await self.place_or_wait(options, pool.free_view, prices)
+        # no await since the decision: no other spawn can take these devices first
         devices = pool.take(answer, self.holder)
         self.gpu = {
             "session_id": str(uuid.uuid4()),
@@ -191,6 +189,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             "devices": [d.uuid for d in devices],
             "simulated": pool.simulated,
         }
+        self.progress_note = f"matched {answer.offering.label} on {pool.node}"
         self.log.info(
             "%s: placed %s ×%d on %s (%s)",
             self.holder,
@@ -225,7 +224,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """Return once the server answers HTTP: billing starts when the server is up."""
         url = f"http://{ip}:{port}{self.server.base_url}api"
         client = AsyncHTTPClient()
-        deadline = time.monotonic() + self.start_timeout
+        deadline = time.monotonic() + self.http_timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise web.HTTPError(500, f"the server exited with code {self.proc.returncode}")
@@ -238,18 +237,22 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             except OSError:
                 pass
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"{self.holder} did not answer within {self.start_timeout} s")
+        raise TimeoutError(f"{self.holder} did not answer within {self.http_timeout} s")
 
     async def _abort_start(self) -> None:
         if self.pid:
             await LocalProcessSpawner.stop(self, now=True)
-        released = (await self.pool()).release(self.holder)
+        pool = await self.pool()
+        released = pool.release(self.holder)
         self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
+        self.inventory_changed(pool.free_view())
         self.gpu = None
 
     async def _finish(self, record: dict[str, Any] | None, ended_at: datetime) -> None:
         """End billing at ``ended_at`` and free the devices (after stop or death)."""
-        released = (await self.pool()).release(self.holder)
+        pool = await self.pool()
+        released = pool.release(self.holder)
+        self.inventory_changed(pool.free_view())
         if record is None or "started_at" not in record:
             return
         if record["session_id"] == self._closed_session:

@@ -211,6 +211,39 @@ def _number(options: Mapping[str, Any], key: str, upper: float) -> float:
     return float(value)
 
 
+#: options any kind may carry, about how to run rather than what to run on
+RUN_OPTIONS = ("queue", "spot")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """A validated request plus how to run it: wait when sold out, interruptible (spot)."""
+
+    request: Request
+    queue: bool = False
+    spot: bool = False
+
+
+def _flag(options: Mapping[str, Any], key: str) -> bool:
+    value = options.get(key, False)
+    if isinstance(value, str) and value.lower() in ("true", "on", "1", "false", "off", "0", ""):
+        return value.lower() in ("true", "on", "1")
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
+def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> ServerOptions:
+    """Validate ``user_options``: the request and the run options ``queue`` and ``spot``."""
+    if options is not None and not isinstance(options, Mapping):
+        raise RequestError('options must be an object such as {"kind": "card", ...}')
+    options = dict(options or {})
+    flags = {key: _flag(options, key) for key in RUN_OPTIONS}
+    for key in RUN_OPTIONS:
+        options.pop(key, None)
+    return ServerOptions(parse_request(options, catalog), **flags)
+
+
 def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Request:
     """Validate ``user_options`` into a Request, or raise RequestError saying what is wrong."""
     if options is None or options == {}:

@@ -32,7 +32,8 @@ def test_form_shows_each_option_with_numbers_and_sold_out_alternatives():
     assert "simulated" in html
     assert "3 of 3 free" in html and "1.14/h" in html and "credit lasts 8 h 45 min" in html
     assert "sold out" in html and "Free now instead: A100-80GB 1g.10gb slice (3 free" in html
-    assert 'value="card:A100-80GB" disabled' in html
+    assert 'value="card:A100-80GB">' in html  # selectable: the user may wait in the queue
+    assert 'name="queue"' in html and 'name="spot"' not in html
     assert 'value="slice:A100-80GB/1g.10gb" checked' in html
 
 
@@ -51,3 +52,10 @@ def test_form_fields_become_the_same_user_options_as_the_api():
         {"choice": ["spec"], "spec_min_memory_gb": ["32"], "spec_min_tflops": ["80"]}
     ) == {"kind": "spec", "min_memory_gb": "32", "min_tflops": "80", "count": "1"}
     assert options_from_form({"choice": ["cpu"]}) == {"kind": "cpu"}
+    assert options_from_form({"choice": ["card:T4"], "queue": ["on"], "spot": ["on"]}) == {
+        "kind": "card",
+        "card": "T4",
+        "count": "1",
+        "queue": True,
+        "spot": True,
+    }
