@@ -47,7 +47,9 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         trial_credit_micro=trial,
         min_billable_seconds=_positive_int(section, "min_billable_seconds", 1),
         enforce_interval_seconds=float(interval),
-        price_book=make_price_book(section.get("prices") or {}),
+        price_book=make_price_book(
+            section.get("prices") or {}, section.get("spot_discount_percent", 60)
+        ),
     )
 
 

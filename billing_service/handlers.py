@@ -155,6 +155,15 @@ def count_field(body: dict[str, Any]) -> int:
     return value
 
 
+def price_class_field(body: dict[str, Any]) -> str:
+    value = body.get("price_class", "on-demand")
+    if value not in ("on-demand", "spot"):
+        raise web.HTTPError(
+            400, f"Field 'price_class' must be 'on-demand' or 'spot', not {value!r}"
+        )
+    return value
+
+
 def time_field(body: dict[str, Any], key: str) -> datetime:
     text = _field(body, key, str, "an ISO 8601 time with timezone")
     try:
@@ -186,6 +195,7 @@ class PricesHandler(APIHandler):
         result: dict[str, Any] = {
             "currency": self.currency,
             "min_billable_seconds": self.store.min_billable_seconds,
+            "spot_discount_percent": book.spot_discount_percent,
             "prices": {
                 sku: {"per_hour_micro": micro, "per_hour": format_credits(micro)}
                 for sku, micro in prices.items()
@@ -233,7 +243,10 @@ class AdmissionHandler(APIHandler):
         username = text_field(body, "username")
         sku = text_field(body, "sku")
         count = count_field(body)
-        admission = await self.blocking(self.store.admit, username, sku, count, self.now())
+        price_class = price_class_field(body)
+        admission = await self.blocking(
+            self.store.admit, username, sku, count, self.now(), price_class
+        )
         if not admission.allowed:
             log.info("Refused admission of %s for %s x %s", username, count, sku)
             raise web.HTTPError(402, admission.message)
@@ -275,6 +288,7 @@ class SessionsHandler(APIHandler):
         sku = text_field(body, "sku")
         count = count_field(body)
         started_at = time_field(body, "started_at")
+        price_class = price_class_field(body)
         now = self.now()
         session, created = await self.blocking(
             self.store.start_session,
@@ -285,6 +299,7 @@ class SessionsHandler(APIHandler):
             count,
             started_at,
             now,
+            price_class,
         )
         if created:
             log.info(

@@ -93,6 +93,7 @@ class BillingSession(Base):
     sku: Mapped[str] = mapped_column(String(255))
     count: Mapped[int] = mapped_column(Integer)
     price_per_hour_micro: Mapped[int] = mapped_column(BigInteger)
+    price_class: Mapped[str] = mapped_column(String(32), default="on-demand")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
     billed_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

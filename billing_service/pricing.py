@@ -23,9 +23,20 @@ class PriceBook:
 
     cards: Mapping[str, int] = field(default_factory=dict)
     slices: Mapping[str, int] = field(default_factory=dict)
+    spot_discount_percent: int = 60
 
-    def price(self, sku: str) -> int | None:
-        """Micro-credits per hour for one unit of ``sku``; None when it has no price."""
+    def price(self, sku: str, price_class: str = "on-demand") -> int | None:
+        """Micro-credits per hour for one unit of ``sku``; None when it has no price.
+
+        Spot (interruptible) costs the on-demand price less ``spot_discount_percent``,
+        rounded half up to the micro-credit."""
+        on_demand = self._on_demand(sku)
+        if on_demand is None or price_class == "on-demand":
+            return on_demand
+        keep = 100 - self.spot_discount_percent
+        return (2 * on_demand * keep + 100) // 200
+
+    def _on_demand(self, sku: str) -> int | None:
         if sku in self.cards:
             return self.cards[sku]
         if sku in self.slices:
@@ -58,7 +69,7 @@ class PriceBook:
         return priced, unpriced
 
 
-def make_price_book(prices: Mapping[str, object]) -> PriceBook:
+def make_price_book(prices: Mapping[str, object], spot_discount_percent: int = 60) -> PriceBook:
     """Build the price book from ``billing.prices``; ``ValueError`` names a bad key."""
     if not isinstance(prices, Mapping):
         raise ValueError("billing.prices must be a mapping of SKU to credits per hour")
@@ -78,4 +89,13 @@ def make_price_book(prices: Mapping[str, object]) -> PriceBook:
             slices[str(sku)] = micro
         else:
             cards[str(sku)] = micro
-    return PriceBook(cards=cards, slices=slices)
+    if (
+        isinstance(spot_discount_percent, bool)
+        or not isinstance(spot_discount_percent, int)
+        or not 0 <= spot_discount_percent < 100
+    ):
+        raise ValueError(
+            "billing.spot_discount_percent must be a whole number from 0 to 99, "
+            f"not {spot_discount_percent!r}"
+        )
+    return PriceBook(cards=cards, slices=slices, spot_discount_percent=spot_discount_percent)

@@ -44,6 +44,7 @@ class SessionRecord:
     ended_at: datetime | None
     billed_seconds: int | None
     cost_micro: int | None
+    price_class: str = "on-demand"
 
     @property
     def rate_per_hour_micro(self) -> int:
@@ -118,6 +119,7 @@ def _session_record(row: BillingSession) -> SessionRecord:
         ended_at=row.ended_at,
         billed_seconds=row.billed_seconds,
         cost_micro=row.cost_micro,
+        price_class=row.price_class,
     )
 
 
@@ -256,9 +258,9 @@ class Store:
 
     # admission
 
-    def price(self, sku: str) -> int:
+    def price(self, sku: str, price_class: str = "on-demand") -> int:
         """Micro-credits per hour of ``sku``; ``UnknownSku`` says what to do."""
-        price = self.price_book.price(sku)
+        price = self.price_book.price(sku, price_class)
         if price is None:
             raise UnknownSku(
                 f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
@@ -266,9 +268,11 @@ class Store:
             )
         return price
 
-    def admit(self, username: str, sku: str, count: int, now: datetime) -> Admission:
+    def admit(
+        self, username: str, sku: str, count: int, now: datetime, price_class: str = "on-demand"
+    ) -> Admission:
         """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period."""
-        price = self.price(sku)
+        price = self.price(sku, price_class)
         with self._sessionmaker.begin() as db:
             account, _ = self._open(db, username, now)
             db.flush()
@@ -309,15 +313,17 @@ class Store:
         count: int,
         started_at: datetime,
         now: datetime,
+        price_class: str = "on-demand",
     ) -> tuple[SessionRecord, bool]:
         """Record a started server with today's price; the same id returns the first record."""
         with self._sessionmaker.begin() as db:
             existing = db.get(BillingSession, session_id)
             if existing is not None:
                 return _session_record(existing), False
-            price = self.price(sku)
+            price = self.price(sku, price_class)
             account, _ = self._open(db, username, now)
             row = BillingSession(
+                price_class=price_class,
                 id=session_id,
                 account_id=account.id,
                 username=username,

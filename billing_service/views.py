@@ -24,6 +24,7 @@ def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
         "count": session.count,
         "price_per_hour_micro": session.price_per_hour_micro,
         "price_per_hour": format_credits(session.price_per_hour_micro),
+        "price_class": session.price_class,
         "started_at": _iso(session.started_at),
         "ended_at": _iso(session.ended_at),
         "billed_seconds": session.seconds_at(now),

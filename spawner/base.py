@@ -352,10 +352,12 @@ class GPUSpawnerMixin(LoggingConfigurable):
                 return
         self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 
-    async def admit(self, placement: Placement) -> None:
+    async def admit(self, placement: Placement, price_class: str = "on-demand") -> None:
         """Ask billing whether the user's credit covers the minimum billable period."""
         try:
-            await self.billing.admit(self.user.name, placement.offering.key, placement.count)
+            await self.billing.admit(
+                self.user.name, placement.offering.key, placement.count, price_class
+            )
         except BillingRefused as e:
             raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None
         except BillingUnavailable as e:

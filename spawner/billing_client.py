@@ -64,9 +64,14 @@ class BillingClient:
 
     async def prices(self, skus: list[str]) -> dict[str, int]:
         """Price per hour in micro-credits of each SKU that has one."""
+        return (await self.price_book(skus))[0]
+
+    async def price_book(self, skus: list[str]) -> tuple[dict[str, int], int]:
+        """Prices of each SKU that has one, and the spot discount in percent."""
         query = urlencode([("sku", s) for s in skus])
         answer = await self._call("GET", f"api/prices?{query}")
-        return {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
+        prices = {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
+        return prices, answer.get("spot_discount_percent", 0)
 
     async def open_account(self, username: str) -> dict[str, Any]:
         return await self._call("PUT", f"api/accounts/{quote(username, safe='')}", {})
@@ -74,9 +79,11 @@ class BillingClient:
     async def account(self, username: str) -> dict[str, Any]:
         return await self._call("GET", f"api/accounts/{quote(username, safe='')}")
 
-    async def admit(self, username: str, sku: str, count: int) -> dict[str, Any]:
+    async def admit(
+        self, username: str, sku: str, count: int, price_class: str = "on-demand"
+    ) -> dict[str, Any]:
         """Raises BillingRefused with billing's explanation when credit does not cover it."""
-        body = {"username": username, "sku": sku, "count": count}
+        body = {"username": username, "sku": sku, "count": count, "price_class": price_class}
         return await self._call("POST", "api/admission", body)
 
     async def start_session(
@@ -87,8 +94,10 @@ class BillingClient:
         sku: str,
         count: int,
         started_at: datetime,
+        price_class: str = "on-demand",
     ) -> dict[str, Any]:
         body = {
+            "price_class": price_class,
             "id": session_id,
             "username": username,
             "server_name": server_name,

@@ -51,3 +51,16 @@ def test_bad_price_names_the_key():
         make_price_book({"T4": "cheap"})
     with pytest.raises(ValueError, match="slice"):
         make_price_book({"A100/huge": "1.00"})
+
+
+def test_spot_costs_the_discounted_price():
+    book = make_price_book({"A100-80GB": "8.00"}, spot_discount_percent=60)
+    assert book.price("A100-80GB", "spot") == 3_200_000
+    assert book.price("A100-80GB/1g.10gb", "spot") == (1_142_857 * 40 + 50) // 100
+    assert book.price("A100-80GB") == 8_000_000
+
+
+@pytest.mark.parametrize("bad", [-1, 100, 12.5, "60", True])
+def test_bad_spot_discounts_are_refused(bad):
+    with pytest.raises(ValueError, match="spot_discount_percent"):
+        make_price_book({"T4": "1.50"}, spot_discount_percent=bad)
