@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
@@ -46,7 +46,7 @@ async def open_billing_account(authenticator, handler, authentication):
     """post_auth_hook: open the user's billing account (with trial credit) at first login."""
     from spawner.billing_client import BillingClient, BillingRefused, BillingUnavailable
 
-    spawner_config = authenticator.parent.config.GPULocalSpawner
+    spawner_config = authenticator.parent.config.GPUSpawnerMixin
     client = BillingClient(spawner_config.billing_url, spawner_config.billing_token)
     username = authenticator.normalize_username(authentication["name"])
     try:
@@ -81,15 +81,33 @@ def apply(c: Any, settings: Settings) -> None:
     _authentication(c, hub)
 
     hub_token = secrets.token_hex(32)
-    c.JupyterHub.spawner_class = "spawner.local.GPULocalSpawner"
     spawner = settings.spawner
-    venv_bin = str(Path(sys.executable).parent)
-    c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
-    c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
     c.Spawner.default_url = spawner.get("default_url", "/lab")
     c.Spawner.start_timeout = int(spawner.get("start_timeout", 120))
     c.Spawner.http_timeout = int(spawner.get("start_timeout", 120))
     c.Spawner.poll_interval = 10
+    # what both backends share (GPUSpawnerMixin is in both spawners' class hierarchy)
+    c.GPUSpawnerMixin.billing_url = billing_url(settings)
+    c.GPUSpawnerMixin.billing_token = hub_token
+    c.GPUSpawnerMixin.catalog_cards = settings.catalog.get("cards") or {}
+    c.GPUSpawnerMixin.queue_timeout = int(spawner.get("queue_timeout", 3600))
+    backend = spawner.get("backend", "local")
+    if backend == "local":
+        _local_backend(c, spawner)
+    elif backend == "kubernetes":
+        _kubernetes_backend(c, spawner.get("kubernetes") or {})
+    else:
+        raise SettingsError(f"spawner.backend must be local or kubernetes, not {backend!r}")
+    c.JupyterHub.extra_handlers = _preview_handlers()
+
+    _services(c, settings, hub_token)
+
+
+def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
+    c.JupyterHub.spawner_class = "spawner.local.GPULocalSpawner"
+    venv_bin = str(Path(sys.executable).parent)
+    c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
+    c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
     c.Spawner.environment = {
         "PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
         "LANG": "C.UTF-8",
@@ -101,12 +119,28 @@ def apply(c: Any, settings: Settings) -> None:
         c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
     c.GPULocalSpawner.homes_root = spawner["homes_root"]
     c.GPULocalSpawner.run_as_system_user = bool(spawner.get("run_as_system_user", False))
-    c.GPULocalSpawner.billing_url = billing_url(settings)
-    c.GPULocalSpawner.billing_token = hub_token
-    c.GPULocalSpawner.catalog_cards = settings.catalog.get("cards") or {}
-    c.JupyterHub.extra_handlers = _preview_handlers()
 
-    _services(c, settings, hub_token)
+
+def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
+    c.JupyterHub.spawner_class = "spawner.kube.GPUKubeSpawner"
+    if kube.get("api_host"):
+        c.KubeSpawner.k8s_api_host = kube["api_host"]
+    if kube.get("hub_connect_url"):
+        c.JupyterHub.hub_connect_url = kube["hub_connect_url"]
+    c.KubeSpawner.namespace = kube.get("namespace", "gputap")
+    c.KubeSpawner.image = kube.get("image", "gputap/singleuser:latest")
+    if kube.get("cmd"):
+        c.KubeSpawner.cmd = list(kube["cmd"])
+    if kube.get("environment"):
+        c.KubeSpawner.environment = dict(kube["environment"])
+    # one home per user, kept across servers, restarts and card changes
+    c.KubeSpawner.storage_pvc_ensure = True
+    c.KubeSpawner.pvc_name_template = "home-{username}"
+    c.KubeSpawner.storage_capacity = kube.get("home_size", "10Gi")
+    if kube.get("storage_class"):
+        c.KubeSpawner.storage_class = kube["storage_class"]
+    c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
 
 
 def _preview_handlers() -> list:

@@ -142,7 +142,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     @default("options_form")
     def _default_options_form(self):
-        return self._render_options_form
+        return self._gputap_options_form
 
     @default("options_from_form")
     def _default_options_from_form(self):
@@ -160,6 +160,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
     progress_note: str = ""
     #: backends whose servers can be interrupted (Kubernetes priority classes)
     offers_spot = False
+    #: shown on the next form: why the last server stopped, when it was not the user's doing
+    notice: str = ""
 
     _base_start_timeout: int | None = None
 
@@ -187,14 +189,19 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     async def prices_for(self, view: FreeView) -> dict[str, int]:
         """Prices of everything this inventory holds, from billing (503 if unreachable)."""
+        return (await self.price_book_for(view))[0]
+
+    async def price_book_for(self, view: FreeView) -> tuple[dict[str, int], int]:
+        """Prices of everything this inventory holds and billing's spot discount (percent)."""
         try:
-            return await self.billing.prices(sorted(view.keys()) + [CPU_KEY])
+            return await self.billing.price_book(sorted(view.keys()) + [CPU_KEY])
         except BillingUnavailable as e:
             raise billing_unavailable(e) from None
 
-    async def choices(self) -> tuple[list[Choice], bool]:
+    async def choices(self) -> tuple[list[Choice], bool, int]:
+        """The form's options, whether the cards are simulated, and the spot discount."""
         view, simulated = await self.gpu_free_view()
-        prices = await self.prices_for(view)
+        prices, spot_discount = await self.price_book_for(view)
         result = []
         for key in view.keys():
             offering = self.catalog.offering(key)
@@ -219,20 +226,22 @@ class GPUSpawnerMixin(LoggingConfigurable):
             )
         result.sort(key=lambda c: (c.price_per_hour_micro or 0, c.offering.key))
         result.append(Choice(self.catalog.cpu, 1, 1, 1, prices.get(CPU_KEY)))
-        return result, simulated
+        return result, simulated, spot_discount
 
-    async def _render_options_form(self, spawner=None) -> str:
+    async def _gputap_options_form(self, spawner=None) -> str:
         try:
             account = await self.billing.open_account(self.user.name)
         except (BillingUnavailable, BillingRefused) as e:
             raise billing_unavailable(e) from None
-        choices, simulated = await self.choices()
+        choices, simulated, spot_discount = await self.choices()
         return render_form(
             choices,
             available_micro=account["available_micro"],
             currency=account.get("currency", "credits"),
             simulated=simulated,
             preview_url=self.hub.base_url + PREVIEW_PATH,
+            spot_discount_percent=spot_discount if self.offers_spot else None,
+            notice=self.notice,
         )
 
     # -- requests ------------------------------------------------------------------------

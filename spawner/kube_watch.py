@@ -11,18 +11,25 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiException
 
+from .base import utcnow
 from .catalog import Catalog
 from .kube_inventory import ClusterInventory
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Mapping[str, Any]], None]
+
+
+def parse_time(value: str) -> datetime:
+    """A Kubernetes RFC 3339 time ("2026-11-29T19:00:00Z") as an aware datetime."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -89,6 +96,10 @@ class ClusterWatcher:
         self._pods_ready = asyncio.Event()
         self._known: dict[str, dict[str, Mapping[str, Any]]] = {"node": {}, "pod": {}}
         self._tasks: list[asyncio.Task] = []
+        #: called with the FreeView after every change (e.g. to wake the queue)
+        self.on_change: list[Callable[[Any], None]] = []
+        #: "namespace/pod" -> when its server ended (finishedAt, or when it was deleted)
+        self.ended: dict[str, datetime] = {}
 
     def _handler(self, kind: str) -> Handler:
         apply = self.inventory.apply_node if kind == "node" else self.inventory.apply_pod
@@ -100,8 +111,26 @@ class ClusterWatcher:
             else:
                 known[_key(obj)] = obj
             apply(event, obj)
+            if kind == "pod":
+                self._note_end(event, obj)
+            for callback in self.on_change:
+                callback(self.inventory.view)
 
         return on_event
+
+    def _note_end(self, event: str, pod: Mapping[str, Any]) -> None:
+        """Remember when a pod's server ended: its container's finish, else its deletion."""
+        meta = pod["metadata"]
+        key = f"{meta.get('namespace', '')}/{meta['name']}"
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
+            if finished:
+                self.ended.setdefault(key, parse_time(finished))
+                return
+        if event == "DELETED":
+            self.ended.setdefault(key, utcnow())
+        elif meta.get("deletionTimestamp") is None:
+            self.ended.pop(key, None)  # a new pod of the same name
 
     def _relister(self, kind: str) -> Callable[[list[Mapping[str, Any]]], None]:
         on_event = self._handler(kind)

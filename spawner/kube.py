@@ -1,0 +1,321 @@
+"""The Kubernetes backend: GPUKubeSpawner, KubeSpawner with live GPU availability.
+
+The form and the REST API take the same options as on one machine. A Placement becomes the
+pod: GPU or MIG limits, a node selector on the chosen node's GPU product, the GPU toleration,
+CPU and memory from the catalog, and ``gputap.io/`` labels naming user, server, card, slice,
+count and price class. One ClusterWatcher per hub keeps the inventory current from the API.
+Sold-out requests may wait first come first served; spot servers run with a low priority
+class and may be preempted, which the user is told on their next visit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from datetime import datetime
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException
+from kubespawner import KubeSpawner
+from kubespawner.clients import shared_client
+from traitlets import Integer, Unicode
+
+from .base import GPUSpawnerMixin, billing_unavailable, utcnow
+from .billing_client import BillingRefused, BillingUnavailable
+from .kube_inventory import RESERVATION_ANNOTATION
+from .kube_objects import gpu_pod_settings
+from .kube_watch import ClusterWatcher, parse_time
+from .placement import FreeView, Placement
+
+# one watcher per hub (per event loop)
+_watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
+_watcher_lock = asyncio.Lock()
+
+#: KubeSpawner traits that gpu_pod_settings sets; their configured values are the base
+_GPU_TRAITS = (
+    "extra_labels",
+    "extra_annotations",
+    "extra_resource_limits",
+    "extra_resource_guarantees",
+    "node_selector",
+    "tolerations",
+    "cpu_guarantee",
+    "mem_guarantee",
+)
+
+
+class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
+    """KubeSpawner that places each server on the cheapest free GPU, slice or spec match."""
+
+    offers_spot = True
+
+    on_demand_priority_class = Unicode(
+        "gputap-on-demand",
+        config=True,
+        help="""PriorityClass of on-demand servers (created if missing).
+
+        c.GPUKubeSpawner.on_demand_priority_class = "gputap-on-demand"
+        """,
+    )
+
+    on_demand_priority = Integer(
+        1000,
+        config=True,
+        help="""Priority value of on-demand servers: above spot, so they preempt spot servers.
+
+        c.GPUKubeSpawner.on_demand_priority = 1000
+        """,
+    )
+
+    spot_priority_class = Unicode(
+        "gputap-spot",
+        config=True,
+        help="""PriorityClass of interruptible (spot) servers (created if missing).
+
+        c.GPUKubeSpawner.spot_priority_class = "gputap-spot"
+        """,
+    )
+
+    spot_priority = Integer(
+        -100,
+        config=True,
+        help="""Priority value of spot servers: any on-demand server may preempt them.
+
+        c.GPUKubeSpawner.spot_priority = -100
+        """,
+    )
+
+    # per-server record: {"session_id", "offering", "count", "node", "price_class", "started_at"}
+    gpu: dict[str, Any] | None = None
+    _configured: dict[str, Any] | None = None
+    _pod_requested = False
+    _stop_requested: datetime | None = None
+
+    @property
+    def holder(self) -> str:
+        return self._log_name
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    # -- inventory ------------------------------------------------------------------------
+
+    async def cluster(self) -> ClusterWatcher:
+        """The hub's cluster watcher, started on first use (and its priority classes)."""
+        loop = asyncio.get_running_loop()
+        async with _watcher_lock:
+            watcher = _watchers.get(loop)
+            if watcher is None:
+                await self._ensure_priority_classes()
+                watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
+                watcher.on_change.append(self.inventory_changed)
+                watcher.start()
+                _watchers[loop] = watcher
+        await watcher.ready()
+        return watcher
+
+    async def gpu_free_view(self) -> tuple[FreeView, bool]:
+        watcher = await self.cluster()
+        return watcher.inventory.view, False
+
+    async def _ensure_priority_classes(self) -> None:
+        api = shared_client("SchedulingV1Api")
+        for name, value, what in (
+            (self.on_demand_priority_class, self.on_demand_priority, "on-demand"),
+            (self.spot_priority_class, self.spot_priority, "interruptible (spot)"),
+        ):
+            body = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gputap"}},
+                "value": value,
+                "globalDefault": False,
+                "description": f"gputap {what} servers",
+            }
+            try:
+                await api.create_priority_class(body)
+                self.log.info("created PriorityClass %s (%d)", name, value)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+    # -- starting -------------------------------------------------------------------------
+
+    def _apply_gpu_settings(self, settings: dict[str, Any]) -> None:
+        """Set the pod traits for this spawn over their configured values (never piling up
+        the previous spawn's values)."""
+        if self._configured is None:
+            self._configured = {t: copy.deepcopy(getattr(self, t)) for t in _GPU_TRAITS}
+        for trait in _GPU_TRAITS:
+            base = copy.deepcopy(self._configured[trait])
+            value = settings.get(trait)
+            if value is None:
+                setattr(self, trait, base)
+            elif isinstance(base, dict):
+                setattr(self, trait, {**base, **value})
+            elif isinstance(base, list):
+                setattr(self, trait, base + value)
+            else:
+                setattr(self, trait, value)
+
+    async def _start(self):
+        options = self.validated_options()
+        watcher = await self.cluster()
+        inventory = watcher.inventory
+        price_class = "spot" if options.spot else "on-demand"
+        prices = await self.prices_for(inventory.view)
+        if options.spot:
+            prices = await self._spot_prices(prices)
+        answer = await self.place_or_wait(options, lambda: inventory.view, prices)
+        # no await since the decision: reserve before any other spawn decides
+        if answer.offering.kind != "cpu":
+            inventory.reserve(self.holder, answer.offering.key, answer.node, answer.count)
+        try:
+            return await self._start_placed(answer, price_class, watcher)
+        except BaseException:
+            inventory.release(self.holder)
+            self.inventory_changed(inventory.view)
+            raise
+
+    async def _spot_prices(self, prices: dict[str, int]) -> dict[str, int]:
+        """Spot prices for ranking a spot request (billing owns the discount)."""
+        _, discount = await self.price_book_for(FreeView())
+        return {k: (2 * v * (100 - discount) + 100) // 200 for k, v in prices.items()}
+
+    async def _start_placed(self, answer: Placement, price_class: str, watcher: ClusterWatcher):
+        node = watcher.inventory.nodes.get(answer.node) if answer.node else None
+        settings = gpu_pod_settings(
+            answer,
+            self.catalog,
+            username=self.user.name,
+            server_name=self.name,
+            product=node.product if node else None,
+            price_class=price_class,
+        )
+        settings["extra_annotations"][RESERVATION_ANNOTATION] = self.holder
+        self._apply_gpu_settings(settings)
+        self.priority_class_name = (
+            self.spot_priority_class if price_class == "spot" else self.on_demand_priority_class
+        )
+        where = f" on node {answer.node}" if answer.node else ""
+        self.progress_note = f"matched {answer.offering.label}{where}"
+        self.log.info("%s: %s (%s)", self.holder, self.progress_note, price_class)
+        await self.admit(answer, price_class)
+        self.gpu = {
+            "session_id": str(uuid.uuid4()),
+            "offering": answer.offering.key,
+            "count": answer.count,
+            "node": answer.node,
+            "price_class": price_class,
+        }
+        self.notice = ""
+        self._pod_requested = True
+        url = await super()._start()
+        started_at = self._container_started(watcher) or utcnow()
+        try:
+            await self.billing.start_session(
+                self.gpu["session_id"],
+                self.user.name,
+                self.name,
+                answer.offering.key,
+                answer.count,
+                started_at,
+                price_class,
+            )
+        except (BillingUnavailable, BillingRefused) as e:
+            await KubeSpawner.stop(self, now=True)
+            self.gpu = None
+            raise billing_unavailable(e) from None
+        self.gpu["started_at"] = started_at.isoformat()
+        return url
+
+    def _container_started(self, watcher: ClusterWatcher) -> datetime | None:
+        """When the server container started running: billing starts there."""
+        pod = self.pod_reflector.pods.get(self.pod_key)
+        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if started:
+                return parse_time(started)
+        return None
+
+    async def progress(self):
+        """Queue position and the match first, then KubeSpawner's pod events."""
+        shown = None
+        while not self._pod_requested:
+            note = self.queue_note or self.progress_note
+            if note and note != shown:
+                shown = note
+                yield {"progress": 10 if self.queue_note else 20, "message": note}
+            await asyncio.sleep(0.3)
+        if self.progress_note and self.progress_note != shown:
+            yield {"progress": 20, "message": self.progress_note}
+        async for event in KubeSpawner.progress(self):
+            yield event
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def stop(self, now: bool = False) -> None:
+        self._stop_requested = requested = utcnow()
+        record = self.gpu
+        try:
+            await super().stop(now=now)
+        finally:
+            self._stop_requested = None
+            self._pod_requested = False
+        if record is not None:
+            self.gpu = None
+            await self._finish(record, requested)
+
+    async def _finish(self, record: dict[str, Any], requested: datetime) -> None:
+        """Close billing at the earlier of the stop request and the pod's end."""
+        watcher = _watchers.get(asyncio.get_running_loop())
+        ended = watcher.ended.pop(self.pod_key, None) if watcher else None
+        if watcher:
+            watcher.inventory.release(self.holder)
+        if "started_at" not in record:
+            return
+        ended_at = min(requested, ended) if ended else requested
+        result = await self.close_billing_session(record["session_id"], ended_at)
+        billed = result.get("billed_seconds") if result else "(pending)"
+        self.log.info("%s: stopped; billed %s s", self.holder, billed)
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and self.gpu is not None:
+            reason = self._preemption()
+            if reason:
+                self.notice = reason
+                self.log.info("%s: %s", self.holder, reason)
+        return status
+
+    def _preemption(self) -> str:
+        """Why the pod went away, if the scheduler preempted it."""
+        for event in reversed(self.events):
+            if event.get("reason") == "Preempted":
+                label = self.catalog.offering(self.gpu["offering"]).label
+                return (
+                    f"Your spot {label} server was stopped: {event.get('message', 'preempted')}. "
+                    "Spot servers make way for on-demand ones; your files are kept."
+                )
+        return ""
+
+    # -- state across hub restarts -------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.gpu is not None:
+            state["gputap"] = self.gpu
+        if self.notice:
+            state["gputap_notice"] = self.notice
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.gpu = dict(state["gputap"]) if state.get("gputap") else None
+        self.notice = state.get("gputap_notice", "")
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.gpu = None
