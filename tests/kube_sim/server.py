@@ -397,9 +397,11 @@ class ResourceHandler(BaseHandler):
             labels = event.obj["metadata"].get("labels") or {}
             return labels_match(label_sel, labels) and fields_match(field_sel, event.obj)
 
-        queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
+        queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
         # subscribe and read the backlog with no await between: no event is lost or doubled
         unsubscribe = self.api.store.subscribe(queue.put_nowait)
+        watchers: set = self.application.settings["kube_watchers"]
+        watchers.add(queue)
         try:
             if rv_arg in ("", "0"):
                 backlog = [
@@ -437,6 +439,8 @@ class ResourceHandler(BaseHandler):
                         event = await asyncio.wait_for(queue.get(), remaining)
                     except TimeoutError:
                         break
+                    if event is None:  # the server is shutting down
+                        break
                     if wanted(event):
                         await self._send_event(event.type, event.obj)
                         sent += 1
@@ -445,10 +449,17 @@ class ResourceHandler(BaseHandler):
             pass
         finally:
             unsubscribe()
+            watchers.discard(queue)
 
     async def _send_event(self, type_: str, obj: Obj) -> None:
         self.write(json.dumps({"type": type_, "object": obj}) + "\n")
         await self.flush()
+
+
+def end_watches(app: tornado.web.Application) -> None:
+    """Finish every open watch stream, as the real server does when it shuts down."""
+    for queue in list(app.settings["kube_watchers"]):
+        queue.put_nowait(None)
 
 
 def make_app(api: Api, faults: Faults, logs: LogSource) -> tornado.web.Application:
@@ -464,6 +475,7 @@ def make_app(api: Api, faults: Faults, logs: LogSource) -> tornado.web.Applicati
             (r"/(api|apis)/(.+)", ResourceHandler, kwargs),
         ],
         compress_response=False,
+        kube_watchers=set(),
         log_function=_log_request,
     )
 

@@ -104,7 +104,9 @@ def test_duplicate_and_invalid_names_are_refused_with_kubernetes_reasons():
 def test_stale_resource_version_on_replace_conflicts():
     store = Store()
     a = store.create(pod("a"), "pods")
-    store.update("v1", "Pod", "default", "a", "pods", lambda o: o["metadata"].update(labels={"z": "1"}))
+    store.update(
+        "v1", "Pod", "default", "a", "pods", lambda o: o["metadata"].update(labels={"z": "1"})
+    )
     a["metadata"]["labels"] = {"x": "y"}
     with pytest.raises(ApiError) as e:
         store.replace(a, "pods")
