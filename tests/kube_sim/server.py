@@ -62,7 +62,7 @@ class BaseHandler(tornado.web.RequestHandler):
         pass
 
     def prepare(self) -> None:
-        is_watch = self.get_query_argument("watch", "") in ("1", "true")
+        is_watch = self.get_query_argument("watch", "").lower() in ("1", "true")
         code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch)
         if code is not None:
             log.info("injected %d for %s %s", code, self.request.method, self.request.path)
@@ -223,7 +223,7 @@ class ResourceHandler(BaseHandler):
             self.send_log(ns, name)
         elif name:
             self.send_json(self.api.get(rt, ns, name))
-        elif self.get_query_argument("watch", "") in ("1", "true"):
+        elif self.get_query_argument("watch", "").lower() in ("1", "true"):
             await self.watch(rt, ns)
         else:
             items = self.api.list(
