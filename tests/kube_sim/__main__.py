@@ -37,13 +37,12 @@ def add_nodes(cluster: SimulatedCluster, spec: dict | list) -> None:
             cluster.add_node(name, **node)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    cluster = SimulatedCluster(port=args.port, seed=args.seed,
-                               image_pull_delay=args.image_pull_delay)
+async def serve(args: argparse.Namespace, spec: dict | list) -> None:
+    cluster = SimulatedCluster(
+        port=args.port, seed=args.seed, image_pull_delay=args.image_pull_delay
+    )
     await cluster.start()
-    if args.nodes:
-        with open(args.nodes) as f:
-            add_nodes(cluster, yaml.safe_load(f) or [])
+    add_nodes(cluster, spec)
     if args.kubeconfig:
         cluster.write_kubeconfig(args.kubeconfig)
     print(f"simulated cluster at {cluster.url}", flush=True)
@@ -56,18 +55,29 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.kube_sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.kube_sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--nodes", help="YAML file declaring the nodes")
     parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
-    parser.add_argument("--image-pull-delay", type=float, default=0.0,
-                        help="seconds each pod spends pulling its image")
+    parser.add_argument(
+        "--image-pull-delay",
+        type=float,
+        default=0.0,
+        help="seconds each pod spends pulling its image",
+    )
     parser.add_argument("--kubeconfig", help="write a kubeconfig for the cluster here")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(serve(args))
+    spec: dict | list = []
+    if args.nodes:
+        with open(args.nodes) as f:
+            spec = yaml.safe_load(f) or []
+    asyncio.run(serve(args, spec))
 
 
 if __name__ == "__main__":
