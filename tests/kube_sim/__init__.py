@@ -1,0 +1,5 @@
+"""A simulated Kubernetes cluster for tests and benchmarks: see README.md."""
+
+from .cluster import ClusterThread, SimulatedCluster, gpu_node_spec
+
+__all__ = ["ClusterThread", "SimulatedCluster", "gpu_node_spec"]

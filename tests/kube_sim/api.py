@@ -1,0 +1,409 @@
+"""Kubernetes semantics over the store: resource types, admission, validation, deletion, binding.
+
+The HTTP server is a thin edge over `Api`; the simulated scheduler and kubelet call the same
+methods in-process, so a pod bound by the scheduler goes through the same code as a client's
+POST to pods/binding.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from .store import ApiError, Obj, Store, invalid, not_found, rfc3339, utcnow
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str  # "" for the core group
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def list_kind(self) -> str:
+        return self.kind + "List"
+
+
+RESOURCE_TYPES = [
+    ResourceType("", "v1", "Pod", "pods", True),
+    ResourceType("", "v1", "Event", "events", True),
+    ResourceType("", "v1", "Node", "nodes", False),
+    ResourceType("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    ResourceType("", "v1", "Service", "services", True),
+    ResourceType("", "v1", "Secret", "secrets", True),
+    ResourceType("", "v1", "ConfigMap", "configmaps", True),
+    ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True),
+    ResourceType("", "v1", "Namespace", "namespaces", False),
+    ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False),
+    ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
+]
+BY_PATH = {(r.api_version, r.plural): r for r in RESOURCE_TYPES}
+BY_KIND = {(r.api_version, r.kind): r for r in RESOURCE_TYPES}
+POD = BY_PATH[("v1", "pods")]
+EVENT = BY_PATH[("v1", "events")]
+NODE = BY_PATH[("v1", "nodes")]
+NAMESPACE = BY_PATH[("v1", "namespaces")]
+SECRET = BY_PATH[("v1", "secrets")]
+CONFIGMAP = BY_PATH[("v1", "configmaps")]
+PRIORITY_CLASS = BY_PATH[("scheduling.k8s.io/v1", "priorityclasses")]
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+# Pod spec fields Kubernetes lets an update change; everything else is immutable.
+_MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "containers", "initContainers")
+
+
+def _validate(rt: ResourceType, obj: Obj) -> None:
+    name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
+    spec = obj.get("spec") or {}
+    if rt.kind == "Pod":
+        containers = spec.get("containers")
+        if not containers:
+            raise invalid("Pod", rt.plural, name, "spec.containers: Required value")
+        for i, c in enumerate(containers):
+            if not c.get("name"):
+                raise invalid("Pod", rt.plural, name, f"spec.containers[{i}].name: Required value")
+            if not c.get("image"):
+                raise invalid("Pod", rt.plural, name, f"spec.containers[{i}].image: Required value")
+    elif rt.kind == "PersistentVolumeClaim":
+        if not spec.get("accessModes"):
+            raise invalid(
+                rt.kind,
+                rt.plural,
+                name,
+                "spec.accessModes: Required value: at least 1 access mode is required",
+            )
+        if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
+            raise invalid(rt.kind, rt.plural, name, "spec.resources[storage]: Required value")
+    elif rt.kind == "PriorityClass":
+        if not isinstance(obj.get("value"), int):
+            raise invalid(rt.kind, rt.plural, name, "value: Required value")
+    elif rt.kind == "Secret":
+        for k, v in (obj.get("data") or {}).items():
+            try:
+                base64.b64decode(v, validate=True)
+            except ValueError as e:
+                raise invalid(rt.kind, rt.plural, name, f"data[{k}]: illegal base64 data") from e
+
+
+class Api:
+    """The simulated API server's behaviour, independent of HTTP."""
+
+    def __init__(self, store: Store | None = None):
+        self.store = store or Store()
+        for ns in DEFAULT_NAMESPACES:
+            self.create(NAMESPACE, "", {"metadata": {"name": ns}})
+
+    # -- generic verbs -------------------------------------------------------------------------
+
+    def get(self, rt: ResourceType, namespace: str, name: str) -> Obj:
+        obj = self.store.get(rt.api_version, rt.kind, namespace if rt.namespaced else "", name)
+        if obj is None:
+            raise not_found(rt.plural, name)
+        return obj
+
+    def find(self, rt: ResourceType, namespace: str, name: str) -> Obj | None:
+        return self.store.get(rt.api_version, rt.kind, namespace if rt.namespaced else "", name)
+
+    def list(
+        self,
+        rt: ResourceType,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[Obj]:
+        try:
+            return self.store.list(
+                rt.api_version, rt.kind, namespace, label_selector, field_selector
+            )
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", str(e)) from e
+
+    def create(self, rt: ResourceType, namespace: str, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        meta = obj.setdefault("metadata", {})
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != namespace:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request",
+                )
+            meta["namespace"] = namespace
+            if self.find(NAMESPACE, "", namespace) is None:
+                raise not_found("namespaces", namespace)
+        else:
+            meta.pop("namespace", None)
+        _validate(rt, obj)
+        self._admit(rt, obj)
+        return self.store.create(obj, rt.plural)
+
+    def _admit(self, rt: ResourceType, obj: Obj) -> None:
+        """Defaults the real API server and its admission plugins would fill in."""
+        if rt.kind == "Pod":
+            spec = obj["spec"]
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("terminationGracePeriodSeconds", 30)
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            pc_name = spec.get("priorityClassName")
+            if pc_name:
+                pc = self.find(PRIORITY_CLASS, "", pc_name)
+                if pc is None:
+                    raise ApiError(
+                        403,
+                        "Forbidden",
+                        f'pods "{obj["metadata"].get("name", "")}" is forbidden: no PriorityClass '
+                        f"with name {pc_name} was found",
+                    )
+                spec["priority"] = pc["value"]
+            else:
+                default = [p for p in self.list(PRIORITY_CLASS) if p.get("globalDefault")]
+                spec.setdefault("priority", default[0]["value"] if default else 0)
+            obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
+        elif rt.kind == "Namespace":
+            obj["status"] = {"phase": "Active"}
+            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+            labels = obj["metadata"].setdefault("labels", {})
+            labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+        elif rt.kind == "Secret":
+            _fold_string_data(obj)
+            obj.setdefault("type", "Opaque")
+        elif rt.kind == "Service":
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            if spec.get("clusterIP") != "None":
+                spec["clusterIP"] = f"10.96.{secrets.randbelow(256)}.{1 + secrets.randbelow(254)}"
+                spec["clusterIPs"] = [spec["clusterIP"]]
+            for port in spec.get("ports") or []:
+                port.setdefault("protocol", "TCP")
+                port.setdefault("targetPort", port.get("port"))
+            obj.setdefault("status", {"loadBalancer": {}})
+        elif rt.kind == "PersistentVolumeClaim":
+            # Bound at once, as if a dynamic provisioner with Immediate binding answered.
+            spec = obj["spec"]
+            spec.setdefault("volumeMode", "Filesystem")
+            spec.setdefault("volumeName", "pvc-" + secrets.token_hex(8))
+            obj["status"] = {
+                "phase": "Bound",
+                "accessModes": spec["accessModes"],
+                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
+            }
+
+    def replace(
+        self, rt: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
+    ) -> Obj:
+        """PUT: the status subresource changes only status; the main resource never does."""
+        current = self.get(rt, namespace, name)
+        obj = copy.deepcopy(obj)
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        meta = obj.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise ApiError(
+                400, "BadRequest", "the name of the object does not match the name on the URL"
+            )
+        meta["name"] = name
+        if rt.namespaced:
+            meta["namespace"] = namespace
+        if subresource == "status":
+            new = copy.deepcopy(current)
+            new["status"] = obj.get("status") or {}
+            new["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+            obj = new
+        else:
+            _validate(rt, obj)
+            if "status" in current:
+                obj["status"] = current["status"]
+            if rt.kind == "Pod":
+                self._check_pod_update(current, obj)
+            if rt.kind == "Secret":
+                _fold_string_data(obj)
+        return self.store.replace(obj, rt.plural)
+
+    @staticmethod
+    def _check_pod_update(current: Obj, new: Obj) -> None:
+        old_spec = {k: v for k, v in current["spec"].items() if k not in _MUTABLE_POD_SPEC}
+        new_spec = {k: v for k, v in new["spec"].items() if k not in _MUTABLE_POD_SPEC}
+        # the server fills these defaults, so a client omitting them changes nothing
+        for k in (
+            "nodeName",
+            "priority",
+            "restartPolicy",
+            "terminationGracePeriodSeconds",
+            "schedulerName",
+            "dnsPolicy",
+        ):
+            if k in old_spec:
+                new_spec.setdefault(k, old_spec[k])
+        old_names = [c.get("name") for c in current["spec"]["containers"]]
+        new_names = [c.get("name") for c in new["spec"]["containers"]]
+        if old_spec != new_spec or old_names != new_names:
+            name = current["metadata"]["name"]
+            raise invalid(
+                "Pod",
+                "pods",
+                name,
+                "spec: Forbidden: pod updates may not change fields other than "
+                "`spec.containers[*].image`, `spec.activeDeadlineSeconds` or "
+                "`spec.tolerations` (only additions to existing tolerations)",
+            )
+
+    def delete(
+        self, rt: ResourceType, namespace: str, name: str, grace_seconds: int | None = None
+    ) -> Obj:
+        """Delete; a pod on a node becomes Terminating until its kubelet removes it."""
+        current = self.get(rt, namespace, name)
+        ns = namespace if rt.namespaced else ""
+        if rt.kind == "Pod":
+            if grace_seconds is None:
+                grace_seconds = current["spec"].get("terminationGracePeriodSeconds", 30)
+            phase = (current.get("status") or {}).get("phase")
+            bound = bool(current["spec"].get("nodeName"))
+            if grace_seconds > 0 and bound and phase not in TERMINAL_PHASES:
+                return self.store.mark_deleting(
+                    rt.api_version, rt.kind, ns, name, rt.plural, grace_seconds
+                )
+        if rt.kind == "Namespace":
+            for other in RESOURCE_TYPES:
+                if not other.namespaced:
+                    continue
+                for obj in self.list(other, name):
+                    try:
+                        self.delete(other, name, obj["metadata"]["name"])
+                    except ApiError:
+                        pass
+        return self.store.remove(rt.api_version, rt.kind, ns, name, rt.plural)
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def bind(self, namespace: str, name: str, node: str) -> Obj:
+        """The pods/binding subresource: assign a Pending pod to a node."""
+        pod = self.get(POD, namespace, name)
+        if pod["spec"].get("nodeName"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{pod["spec"]["nodeName"]}"',
+                name,
+                "pods/binding",
+            )
+        if pod["metadata"].get("deletionTimestamp"):
+            raise ApiError(
+                409,
+                "Conflict",
+                f"pod {name} is being deleted, cannot be assigned to a host",
+                name,
+                "pods/binding",
+            )
+        self.get(NODE, "", node)
+
+        def assign(p: Obj) -> None:
+            p["spec"]["nodeName"] = node
+            p["status"].pop("nominatedNodeName", None)
+            set_condition(p, "PodScheduled", "True")
+
+        return self.store.update(POD.api_version, POD.kind, namespace, name, POD.plural, assign)
+
+    def update_status(self, namespace: str, name: str, mutate) -> Obj | None:
+        """Mutate a pod's status in place; None if the pod is gone."""
+        if self.find(POD, namespace, name) is None:
+            return None
+        return self.store.update(POD.api_version, POD.kind, namespace, name, POD.plural, mutate)
+
+    def record_event(
+        self,
+        involved: Obj,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        component: str = "default-scheduler",
+        host: str = "",
+    ) -> Obj:
+        """Create a core/v1 Event about an object, as a controller would."""
+        meta = involved["metadata"]
+        namespace = meta.get("namespace") or "default"
+        now = rfc3339(self.store.clock())
+        event = {
+            "metadata": {
+                "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                "namespace": namespace,
+            },
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", "Pod"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace", ""),
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": component, **({"host": host} if host else {})},
+            "reportingComponent": component,
+            "reportingInstance": host,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        if self.find(NAMESPACE, "", namespace) is None:
+            return event
+        return self.create(EVENT, namespace, event)
+
+
+def set_condition(pod: Obj, type_: str, status: str, reason: str = "", message: str = "") -> None:
+    """Set one status condition, keeping lastTransitionTime when the status is unchanged."""
+    conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+    now = rfc3339(utcnow())
+    for c in conditions:
+        if c["type"] == type_:
+            if c["status"] != status:
+                c["lastTransitionTime"] = now
+            c["status"] = status
+            _set_optional(c, reason, message)
+            return
+    c = {"type": type_, "status": status, "lastProbeTime": None, "lastTransitionTime": now}
+    _set_optional(c, reason, message)
+    conditions.append(c)
+
+
+def _set_optional(c: dict[str, Any], reason: str, message: str) -> None:
+    for k, v in (("reason", reason), ("message", message)):
+        if v:
+            c[k] = v
+        else:
+            c.pop(k, None)
+
+
+def _fold_string_data(obj: Obj) -> None:
+    string_data = obj.pop("stringData", None) or {}
+    if string_data:
+        data = obj.setdefault("data", {})
+        for k, v in string_data.items():
+            data[k] = base64.b64encode(v.encode()).decode()
+
+
+def _qos_class(spec: Obj) -> str:
+    resources = [c.get("resources") or {} for c in spec.get("containers", [])]
+    if not any(r.get("requests") or r.get("limits") for r in resources):
+        return "BestEffort"
+    guaranteed = all(
+        (r.get("limits") or {}).get(k)
+        and (r.get("requests") or r.get("limits"))[k] == r["limits"][k]
+        for r in resources
+        for k in ("cpu", "memory")
+    )
+    return "Guaranteed" if guaranteed else "Burstable"

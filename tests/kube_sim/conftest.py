@@ -1,0 +1,60 @@
+import sys
+import uuid
+
+import kubernetes.client
+import pytest
+
+from tests.kube_sim import SimulatedCluster
+
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def kube():
+    """A cluster in a background thread, shared by a module: sync clients can block on it."""
+    with SimulatedCluster.run_in_thread(crash_backoff=0.2, max_grace_seconds=2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def core(kube):
+    config = kubernetes.client.Configuration(host=kube.url)
+    config.api_key = {"authorization": "Bearer ignored"}
+    with kubernetes.client.ApiClient(config) as client:
+        yield kubernetes.client.CoreV1Api(client)
+
+
+@pytest.fixture
+def ns(core):
+    """A fresh namespace per test, so tests sharing a cluster do not see each other's pods."""
+    name = "t-" + uuid.uuid4().hex[:8]
+    core.create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def pod_body(name, command=None, env=None, resources=None, **spec):
+    container = {"name": "notebook", "image": "quay.io/jupyter/base-notebook:latest"}
+    if command:
+        container["command"] = command
+    if env:
+        container["env"] = env
+    if resources:
+        container["resources"] = resources
+    return {
+        "metadata": {"name": name, "labels": {"app": "jupyterhub"}},
+        "spec": {"containers": [container], **spec},
+    }
+
+
+def wait_for(predicate, timeout=10.0, interval=0.05):
+    """Poll until predicate() is truthy; return its value or fail naming the timeout."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)

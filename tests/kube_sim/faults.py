@@ -1,0 +1,126 @@
+"""Faults a test can inject into the simulated cluster: 5xx answers, dropped watches, slow binds.
+
+All randomness comes from one seeded RNG, so a run with the same seed and the same sequence of
+requests fails the same requests. Thread-safe: the thread form of the cluster lets a test change
+knobs from outside the server's loop.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from dataclasses import dataclass, field
+
+_REASONS = {
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+    429: "TooManyRequests",
+}
+
+
+@dataclass
+class ErrorRule:
+    """Answer `rate` of the matching requests with `code` instead of serving them."""
+
+    rate: float
+    code: int = 500
+    verbs: frozenset[str] | None = None  # HTTP methods, upper case; None = all
+    path: re.Pattern[str] | None = None  # searched in the request path; None = all
+    watches: bool = True  # whether watch requests count
+
+    def applies(self, verb: str, path: str, is_watch: bool) -> bool:
+        if is_watch and not self.watches:
+            return False
+        if self.verbs is not None and verb.upper() not in self.verbs:
+            return False
+        return self.path is None or bool(self.path.search(path))
+
+
+@dataclass
+class Faults:
+    """Knobs; everything off by default.
+
+    >>> cluster.faults.fail_requests(0.3, code=500, verbs=["GET"], path=r"/pods")
+    >>> cluster.faults.drop_watches(after_events=3)
+    >>> cluster.faults.bind_delay = 2.0
+    """
+
+    seed: int = 0
+    bind_delay: float = 0.0  # seconds the scheduler waits before each bind
+    watch_max_events: int | None = None  # close each watch stream after this many events
+    watch_max_seconds: float | None = None  # ... or after this many seconds
+    rules: list[ErrorRule] = field(default_factory=list)
+    injected: int = 0  # how many requests were answered with an injected error
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        self._lock = threading.Lock()
+
+    def fail_requests(
+        self,
+        rate: float,
+        code: int = 500,
+        verbs: list[str] | None = None,
+        path: str | None = None,
+        watches: bool = True,
+    ) -> ErrorRule:
+        """Answer a fraction of matching requests with a 5xx Status; returns the rule."""
+        if not 0 <= rate <= 1:
+            raise ValueError(f"rate must be within [0, 1], got {rate}")
+        rule = ErrorRule(
+            rate=rate,
+            code=code,
+            verbs=frozenset(v.upper() for v in verbs) if verbs else None,
+            path=re.compile(path) if path else None,
+            watches=watches,
+        )
+        with self._lock:
+            self.rules.append(rule)
+        return rule
+
+    def drop_watches(
+        self, after_events: int | None = None, after_seconds: float | None = None
+    ) -> None:
+        """Close every watch stream after N events or T seconds, whichever comes first."""
+        self.watch_max_events = after_events
+        self.watch_max_seconds = after_seconds
+
+    def reseed(self, seed: int) -> None:
+        with self._lock:
+            self.seed = seed
+            self._rng = random.Random(seed)
+
+    def clear(self) -> None:
+        """Turn every fault off."""
+        with self._lock:
+            self.rules.clear()
+        self.bind_delay = 0.0
+        self.watch_max_events = None
+        self.watch_max_seconds = None
+
+    def decide(self, verb: str, path: str, is_watch: bool = False) -> int | None:
+        """The status code to fail this request with, or None to serve it."""
+        with self._lock:
+            for rule in self.rules:
+                if rule.applies(verb, path, is_watch) and self._rng.random() < rule.rate:
+                    self.injected += 1
+                    return rule.code
+        return None
+
+    @staticmethod
+    def status_body(code: int) -> dict:
+        """The Status body sent with an injected error, shaped like the real server's."""
+        reason = _REASONS.get(code, "InternalError")
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f"an error on the server (simulated fault, {reason}) has prevented the "
+            "request from succeeding",
+            "reason": reason,
+            "details": {"retryAfterSeconds": 1, "causes": [{"reason": "SimulatedFault"}]},
+            "code": code,
+        }

@@ -1,0 +1,492 @@
+"""The simulated kubelet: runs each bound pod's first container as a local process.
+
+One kubelet serves every node. It reports the pod lifecycle the way a real kubelet does
+(ContainerCreating, Running with startedAt, Succeeded/Failed with a terminated state, restarts
+under restartPolicy), emits the usual events, captures output for the log endpoint, and on
+deletion sends SIGTERM, waits out the grace period (capped), sends SIGKILL and removes the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from .api import CONFIGMAP, POD, SECRET, TERMINAL_PHASES, Api, set_condition
+from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
+
+log = logging.getLogger("kube_sim.kubelet")
+
+MAX_LOG_BYTES = 1 << 20
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+# a container with no command runs this: the simulated "image" just stays up
+IDLE_COMMAND = [sys.executable, "-c", "import signal; signal.pause()"]
+
+
+class ConfigError(Exception):
+    """The container cannot be configured (a missing secret or config map key)."""
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion: defined names are replaced, $$ is a literal $."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return _VAR_REF.sub(sub, text)
+
+
+def _field_ref(pod: Obj, path: str) -> str:
+    meta = pod["metadata"]
+    simple = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+        "status.podIP": "127.0.0.1",
+        "status.hostIP": "127.0.0.1",
+    }
+    if path in simple:
+        return simple[path]
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if m:
+        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
+    raise ConfigError(f"unsupported fieldRef {path}")
+
+
+@dataclass
+class PodRun:
+    namespace: str
+    name: str
+    uid: str
+    workdir: str
+    output: bytearray = field(default_factory=bytearray)
+    proc: asyncio.subprocess.Process | None = None
+    task: asyncio.Task | None = None
+    terminating: bool = False
+    started_at: str = ""
+
+
+class Kubelet:
+    """Watches the store for pods bound to nodes and runs them."""
+
+    def __init__(
+        self,
+        api: Api,
+        api_url: str = "",
+        image_pull_delay: float = 0.0,
+        max_grace_seconds: float = 5.0,
+        crash_backoff: float = 1.0,
+        root_dir: str | None = None,
+    ):
+        self.api = api
+        self.api_url = api_url
+        self.image_pull_delay = image_pull_delay
+        self.max_grace_seconds = max_grace_seconds
+        self.crash_backoff = crash_backoff
+        self._tmp = None if root_dir else tempfile.TemporaryDirectory(prefix="kube-sim-")
+        self.root_dir = root_dir or self._tmp.name
+        self.runs: dict[str, PodRun] = {}  # by pod uid
+        self._logs: dict[tuple[str, str], PodRun] = {}
+        self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self._unsubscribe = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._unsubscribe = self.api.store.subscribe(self._on_change)
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._unsubscribe:
+            self._unsubscribe()
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for run in list(self.runs.values()):
+            await self._kill(run, 0)
+            if run.task:
+                run.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await run.task
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def _on_change(self, event: WatchEvent) -> None:
+        # never write from inside a store callback: watchers would see events out of order
+        if event.key[1] == "Pod":
+            self._queue.put_nowait(event)
+
+    async def _run(self) -> None:
+        while True:
+            event = await self._queue.get()
+            try:
+                self._handle(event)
+            except Exception:
+                log.exception("kubelet failed on %s %s", event.type, event.key)
+
+    def _handle(self, event: WatchEvent) -> None:
+        pod = event.obj
+        uid = pod["metadata"]["uid"]
+        run = self.runs.get(uid)
+        if event.type == "DELETED":
+            if run is not None:
+                # removed without a grace period (force delete, or a pod already Failed)
+                self.runs.pop(uid, None)
+                self._logs.pop((run.namespace, run.name), None)
+                run.terminating = True
+                asyncio.create_task(self._stop(run, 0))
+            return
+        if not pod["spec"].get("nodeName"):
+            return
+        current = self.api.find(POD, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if current is None or current["metadata"]["uid"] != uid:
+            return
+        if current["metadata"].get("deletionTimestamp"):
+            if run is None:
+                self._remove(current)
+            elif not run.terminating:
+                run.terminating = True
+                grace = current["metadata"].get("deletionGracePeriodSeconds", 30)
+                asyncio.create_task(self._terminate(run, current, grace))
+            return
+        if run is None and current["status"].get("phase") not in TERMINAL_PHASES:
+            meta = current["metadata"]
+            workdir = os.path.join(self.root_dir, meta["namespace"], meta["name"])
+            os.makedirs(workdir, exist_ok=True)
+            run = PodRun(meta["namespace"], meta["name"], uid, workdir)
+            self.runs[uid] = run
+            self._logs[(run.namespace, run.name)] = run
+            run.task = asyncio.create_task(self._pod_lifecycle(run))
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def logs(
+        self, namespace: str, name: str, container: str | None, tail: int | None
+    ) -> str | None:
+        """Captured output of a pod's container, or None if it never started."""
+        run = self._logs.get((namespace, name))
+        if run is None or not run.started_at:
+            return None
+        text = run.output.decode(errors="replace")
+        if tail is not None:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-tail:]) if tail > 0 else ""
+        return text
+
+    # -- running a pod -------------------------------------------------------------------------
+
+    def _status(self, run: PodRun, mutate) -> Obj | None:
+        pod = self.api.find(POD, run.namespace, run.name)
+        if pod is None or pod["metadata"]["uid"] != run.uid or run.terminating:
+            return None
+        return self.api.update_status(run.namespace, run.name, mutate)
+
+    def _report(
+        self,
+        run: PodRun,
+        container: Obj,
+        state: Obj,
+        restarts: int,
+        last: Obj | None,
+        phase: str | None = None,
+        ready: bool = False,
+        reason: str = "ContainersNotReady",
+    ) -> Obj | None:
+        """Write the container's state (and the pod phase, if given) to the pod status."""
+        unready = f"containers with unready status: [{container['name']}]"
+
+        def mutate(p: Obj) -> None:
+            if phase:
+                p["status"]["phase"] = phase
+            for c in ("ContainersReady", "Ready"):
+                if ready:
+                    set_condition(p, c, "True")
+                else:
+                    set_condition(
+                        p, c, "False", reason, "" if reason == "PodCompleted" else unready
+                    )
+            p["status"]["containerStatuses"] = [
+                self._container_status(container, restarts, state, ready, last)
+            ]
+
+        return self._status(run, mutate)
+
+    def _event(self, pod: Obj | None, reason: str, message: str, type_: str = "Normal") -> None:
+        if pod is not None:
+            self.api.record_event(
+                pod, reason, message, type_, component="kubelet", host=pod["spec"]["nodeName"]
+            )
+
+    def _container_status(
+        self, container: Obj, restarts: int, state: Obj, ready: bool, last: Obj | None = None
+    ) -> Obj:
+        image = container["image"]
+        digest = hashlib.sha256(image.encode()).hexdigest()
+        status = {
+            "name": container["name"],
+            "image": image,
+            "imageID": f"{image.split(':')[0]}@sha256:{digest}",
+            "ready": ready,
+            "restartCount": restarts,
+            "started": "running" in state,
+            "state": state,
+            "lastState": last or {},
+        }
+        if "waiting" not in state:
+            status["containerID"] = f"containerd://{digest[:32]}{restarts:032d}"[:77]
+        return status
+
+    async def _pod_lifecycle(self, run: PodRun) -> None:
+        pod = self.api.find(POD, run.namespace, run.name)
+        if pod is None:
+            return
+        container = pod["spec"]["containers"][0]
+        node = pod["spec"]["nodeName"]
+        now = rfc3339(utcnow())
+
+        def creating(p: Obj) -> None:
+            s = p["status"]
+            s.update(
+                hostIP="127.0.0.1",
+                hostIPs=[{"ip": "127.0.0.1"}],
+                podIP="127.0.0.1",
+                podIPs=[{"ip": "127.0.0.1"}],
+                startTime=now,
+            )
+            for c in ("Initialized", "PodScheduled"):
+                set_condition(p, c, "True")
+            for c in ("ContainersReady", "Ready"):
+                set_condition(
+                    p,
+                    c,
+                    "False",
+                    "ContainersNotReady",
+                    f"containers with unready status: [{container['name']}]",
+                )
+            s["containerStatuses"] = [
+                self._container_status(
+                    container, 0, {"waiting": {"reason": "ContainerCreating"}}, False
+                )
+            ]
+
+        pod = self._status(run, creating)
+        image = container["image"]
+        self._event(pod, "Pulling", f'Pulling image "{image}"')
+        if self.image_pull_delay:
+            await asyncio.sleep(self.image_pull_delay)
+        self._event(
+            pod,
+            "Pulled",
+            f'Successfully pulled image "{image}" in '
+            f"{self.image_pull_delay:.3f}s ({self.image_pull_delay:.3f}s including "
+            "waiting). Image size: 0 bytes.",
+        )
+        restarts, last_state = 0, None
+        while not run.terminating:
+            pod = self.api.find(POD, run.namespace, run.name)
+            if pod is None:
+                return
+            try:
+                argv, env, cwd = self._command(pod, container, run.workdir)
+            except ConfigError as e:
+                self._event(pod, "Failed", f"Error: {e}", "Warning")
+                waiting = {"reason": "CreateContainerConfigError", "message": str(e)}
+                self._report(run, container, {"waiting": waiting}, restarts, last_state)
+                await asyncio.sleep(max(self.crash_backoff, 0.5))
+                continue
+            self._event(pod, "Created", f"Created container {container['name']}")
+            try:
+                run.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                message = f"failed to start container: exec: {argv[0]}: {e.strerror}"
+                code, started = 128, rfc3339(utcnow())
+                self._event(pod, "Failed", f"Error: {message}", "Warning")
+            else:
+                started = rfc3339(utcnow())
+                run.started_at = started
+                reader = asyncio.create_task(self._capture(run))
+                log.info(
+                    "%s/%s running on %s (pid %d)", run.namespace, run.name, node, run.proc.pid
+                )
+                self._event(pod, "Started", f"Started container {container['name']}")
+
+                state = {"running": {"startedAt": started}}
+                self._report(run, container, state, restarts, last_state, "Running", True)
+                code = await run.proc.wait()
+                await reader
+                message = ""
+            if run.terminating:
+                return
+            if code < 0:
+                code = 128 - code  # killed by a signal, as a container runtime reports it
+            terminated = {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else ("Error" if not message else "StartError"),
+                "startedAt": started,
+                "finishedAt": rfc3339(utcnow()),
+                "containerID": f"containerd://{run.uid[:8]}",
+            }
+            if message:
+                terminated["message"] = message
+            log.info("%s/%s container exited with %d", run.namespace, run.name, code)
+            policy = pod["spec"].get("restartPolicy", "Always")
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                phase = "Succeeded" if code == 0 else "Failed"
+
+                self._report(
+                    run,
+                    container,
+                    {"terminated": terminated},
+                    restarts,
+                    last_state,
+                    phase,
+                    reason="PodCompleted",
+                )
+                return
+            restarts += 1
+            last_state = {"terminated": terminated}
+            backoff = min(self.crash_backoff * 2 ** (restarts - 1), 10 * self.crash_backoff)
+
+            waiting = {
+                "reason": "CrashLoopBackOff",
+                "message": f"back-off {backoff:g}s restarting failed container="
+                f"{container['name']} pod={run.name}_{run.namespace}",
+            }
+            pod = self._report(run, container, {"waiting": waiting}, restarts, last_state)
+            self._event(
+                pod,
+                "BackOff",
+                f"Back-off restarting failed container "
+                f"{container['name']} in pod {run.name}_{run.namespace}",
+                "Warning",
+            )
+            await asyncio.sleep(backoff)
+
+    async def _capture(self, run: PodRun) -> None:
+        assert run.proc and run.proc.stdout
+        while chunk := await run.proc.stdout.read(65536):
+            run.output.extend(chunk)
+            if len(run.output) > MAX_LOG_BYTES:
+                del run.output[: len(run.output) - MAX_LOG_BYTES]
+
+    def _command(self, pod: Obj, container: Obj, workdir: str) -> tuple[list[str], dict, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": workdir,
+            "HOSTNAME": pod["metadata"]["name"],
+        }
+        if self.api_url:
+            host, _, port = self.api_url.removeprefix("http://").partition(":")
+            env.update(KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port or "80")
+        ns = pod["metadata"]["namespace"]
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix", "")
+            for kind, rt in (("secretRef", SECRET), ("configMapRef", CONFIGMAP)):
+                ref = source.get(kind)
+                if not ref:
+                    continue
+                obj = self.api.find(rt, ns, ref["name"])
+                if obj is None:
+                    if ref.get("optional"):
+                        continue
+                    raise ConfigError(f'{rt.kind.lower()} "{ref["name"]}" not found')
+                for k, v in (obj.get("data") or {}).items():
+                    env[prefix + k] = base64.b64decode(v).decode() if rt is SECRET else v
+        for item in container.get("env") or []:
+            env[item["name"]] = self._env_value(pod, item, env)
+        command = [expand(a, env) for a in container.get("command") or []]
+        args = [expand(a, env) for a in container.get("args") or []]
+        argv = (command + args) if command else (IDLE_COMMAND if not args else args)
+        cwd = container.get("workingDir") or ""
+        return argv, env, cwd if cwd and os.path.isdir(cwd) else workdir
+
+    def _env_value(self, pod: Obj, item: Obj, env: dict[str, str]) -> str:
+        if "valueFrom" not in item:
+            return expand(str(item.get("value", "")), env)
+        source = item["valueFrom"]
+        ns = pod["metadata"]["namespace"]
+        if "fieldRef" in source:
+            return _field_ref(pod, source["fieldRef"]["fieldPath"])
+        for kind, rt in (("secretKeyRef", SECRET), ("configMapKeyRef", CONFIGMAP)):
+            ref = source.get(kind)
+            if not ref:
+                continue
+            obj = self.api.find(rt, ns, ref["name"])
+            data = (obj or {}).get("data") or {}
+            if ref["key"] not in data:
+                if ref.get("optional"):
+                    return ""
+                if obj is None:
+                    raise ConfigError(f'{rt.kind.lower()} "{ref["name"]}" not found')
+                raise ConfigError(f"couldn't find key {ref['key']} in {rt.kind} {ns}/{ref['name']}")
+            value = data[ref["key"]]
+            return base64.b64decode(value).decode() if rt is SECRET else value
+        raise ConfigError(f"unsupported valueFrom for {item['name']}")
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def _kill(self, run: PodRun, grace: float) -> None:
+        """SIGTERM the process group, wait up to grace (capped), then SIGKILL."""
+        proc = run.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        try:
+            await asyncio.wait_for(proc.wait(), min(grace, self.max_grace_seconds) or 0.001)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    async def _stop(self, run: PodRun, grace: float) -> None:
+        await self._kill(run, grace)
+        if run.task and run.task is not asyncio.current_task():
+            run.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run.task
+
+    async def _terminate(self, run: PodRun, pod: Obj, grace: float) -> None:
+        self.api.record_event(
+            pod,
+            "Killing",
+            f"Stopping container {pod['spec']['containers'][0]['name']}",
+            component="kubelet",
+            host=pod["spec"]["nodeName"],
+        )
+        await self._stop(run, grace)
+        log.info("%s/%s stopped", run.namespace, run.name)
+        self._remove(pod)
+
+    def _remove(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        self.runs.pop(meta["uid"], None)
+        self._logs.pop((meta["namespace"], meta["name"]), None)
+        current = self.api.find(POD, meta["namespace"], meta["name"])
+        if current is not None and current["metadata"]["uid"] == meta["uid"]:
+            with contextlib.suppress(ApiError):
+                self.api.store.remove(
+                    POD.api_version, POD.kind, meta["namespace"], meta["name"], POD.plural
+                )

@@ -1,0 +1,77 @@
+"""Injected faults: 5xx answers with Status bodies, dropped watches, slow binds."""
+
+import json
+import time
+
+import kubernetes.client
+import pytest
+from kubernetes import watch
+from kubernetes.client.rest import ApiException
+
+from tests.kube_sim import SimulatedCluster
+from tests.kube_sim.conftest import pod_body, wait_for
+
+
+@pytest.fixture
+def cluster():
+    with SimulatedCluster.run_in_thread(seed=7) as c:
+        yield c
+
+
+@pytest.fixture
+def v1(cluster):
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url)) as c:
+        yield kubernetes.client.CoreV1Api(c)
+
+
+def outcomes(v1, n=200):
+    codes = []
+    for _ in range(n):
+        try:
+            v1.list_namespaced_config_map("default")
+            codes.append(200)
+        except ApiException as e:
+            body = json.loads(e.body)
+            assert body["kind"] == "Status" and body["code"] == e.status
+            assert body["reason"] == "InternalError"
+            codes.append(e.status)
+    return codes
+
+
+def test_a_fraction_of_requests_fail_with_status_bodies_reproducibly(cluster, v1):
+    cluster.faults.fail_requests(0.3, code=500, verbs=["GET"], path=r"/configmaps")
+    first = outcomes(v1)
+    failures = first.count(500)
+    assert 40 <= failures <= 80, failures  # 30% of 200, give or take
+    assert set(first) == {200, 500}
+    v1.create_namespaced_config_map("default", {"metadata": {"name": "unaffected"}})  # POST
+    cluster.faults.reseed(7)
+    assert outcomes(v1) == first  # same seed, same requests: same failures
+    cluster.faults.clear()
+    assert outcomes(v1, 20) == [200] * 20
+
+
+def test_dropped_watch_resumes_from_last_resource_version_without_gaps(cluster, v1):
+    cluster.faults.drop_watches(after_events=2, after_seconds=1)
+    start = v1.list_namespaced_config_map("default").metadata.resource_version
+    for i in range(5):
+        v1.create_namespaced_config_map("default", {"metadata": {"name": f"cm-{i}"}})
+    seen, rv, streams = [], start, 0
+    while len(seen) < 5 and streams < 10:
+        streams += 1
+        for event in watch.Watch().stream(
+            v1.list_namespaced_config_map, "default", resource_version=rv, timeout_seconds=5
+        ):
+            seen.append(event["object"].metadata.name)
+            rv = event["object"].metadata.resource_version
+    assert seen == [f"cm-{i}" for i in range(5)]
+    assert streams == 3  # 2 + 2 + 1 events: every stream was cut short
+
+
+def test_slow_binds_delay_scheduling(cluster, v1):
+    cluster.add_node("cpu-1")
+    cluster.faults.bind_delay = 0.6
+    t0 = time.monotonic()
+    v1.create_namespaced_pod("default", pod_body("slow"))
+    wait_for(lambda: v1.read_namespaced_pod("slow", "default").spec.node_name)
+    assert time.monotonic() - t0 >= 0.6

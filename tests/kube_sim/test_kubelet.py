@@ -1,0 +1,116 @@
+"""The simulated kubelet: pods run as local processes and report their lifecycle."""
+
+from datetime import UTC, datetime
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from tests.kube_sim.conftest import PY, pod_body, wait_for
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node(kube):
+    kube.add_node("cpu-kubelet", allocatable={"cpu": "64"})
+
+
+def phase(core, ns, name):
+    return core.read_namespaced_pod(name, ns).status.phase
+
+
+def test_pod_runs_with_its_env_and_its_log_shows_it(core, ns):
+    core.create_namespaced_secret(ns, {"metadata": {"name": "tok"}, "stringData": {"t": "s3"}})
+    script = (
+        "import os,time; print(os.environ['X'], os.environ['T'], os.environ['ME'],"
+        " flush=True); time.sleep(30)"
+    )
+    env = [
+        {"name": "X", "value": "hello-gpu"},
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "tok", "key": "t"}}},
+        {"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    core.create_namespaced_pod(ns, pod_body("runner", command=[PY, "-c", script], env=env))
+    wait_for(lambda: phase(core, ns, "runner") == "Running")
+    pod = core.read_namespaced_pod("runner", ns)
+    started = pod.status.container_statuses[0].state.running.started_at
+    assert started.tzinfo is not None and started.microsecond == 0
+    assert abs((datetime.now(UTC) - started).total_seconds()) < 10
+    assert pod.status.container_statuses[0].ready
+    assert pod.status.pod_ip == "127.0.0.1"
+    assert {c.type: c.status for c in pod.status.conditions}["Ready"] == "True"
+    log = wait_for(lambda: core.read_namespaced_pod_log("runner", ns))
+    assert log == "hello-gpu s3 runner\n"
+    reasons = [e.reason for e in core.list_namespaced_event(ns).items]
+    assert {"Scheduled", "Pulling", "Pulled", "Created", "Started"} <= set(reasons)
+
+
+def test_deletion_terminates_the_process_and_removes_the_pod(core, ns, tmp_path):
+    marker = tmp_path / "pid"
+    script = f"import os,time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    core.create_namespaced_pod(ns, pod_body("doomed", command=[PY, "-c", script]))
+    wait_for(
+        lambda: phase(core, ns, "doomed") == "Running" and marker.exists() and marker.read_text()
+    )
+    pid = int(marker.read_text())
+    deleted = core.delete_namespaced_pod("doomed", ns)
+    assert deleted.metadata.deletion_timestamp is not None  # Terminating first
+    wait_for(lambda: not core.list_namespaced_pod(ns).items)
+    import os
+
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(ApiException) as e:
+        core.read_namespaced_pod("doomed", ns)
+    assert e.value.status == 404
+
+
+def test_a_failing_command_ends_failed_with_its_exit_code(core, ns):
+    body = pod_body(
+        "crash", command=[PY, "-c", "import sys; print('boom'); sys.exit(1)"], restartPolicy="Never"
+    )
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "crash") == "Failed")
+    state = core.read_namespaced_pod("crash", ns).status.container_statuses[0].state
+    assert state.terminated.exit_code == 1 and state.terminated.reason == "Error"
+    assert state.terminated.finished_at >= state.terminated.started_at
+    assert core.read_namespaced_pod_log("crash", ns) == "boom\n"
+
+
+def test_a_command_that_exits_zero_succeeds(core, ns):
+    body = pod_body("done", command=[PY, "-c", "pass"], restartPolicy="OnFailure")
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "done") == "Succeeded")
+    terminated = core.read_namespaced_pod("done", ns).status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (0, "Completed")
+
+
+def test_restart_policy_always_restarts_with_back_off(core, ns):
+    core.create_namespaced_pod(ns, pod_body("flappy", command=[PY, "-c", "raise SystemExit(3)"]))
+    status = wait_for(
+        lambda: (
+            (s := core.read_namespaced_pod("flappy", ns).status).container_statuses
+            and s.container_statuses[0].restart_count >= 1
+            and s
+        )
+    )
+    assert status.phase == "Running"
+    assert status.container_statuses[0].last_state.terminated.exit_code == 3
+
+
+def test_missing_secret_leaves_the_container_waiting(core, ns):
+    env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "t"}}}]
+    core.create_namespaced_pod(ns, pod_body("waiting", command=[PY, "-c", "pass"], env=env))
+    waiting = wait_for(
+        lambda: (
+            (s := core.read_namespaced_pod("waiting", ns).status).container_statuses
+            and s.container_statuses[0].state.waiting
+        )
+    )
+    wait_for(
+        lambda: (
+            core.read_namespaced_pod("waiting", ns)
+            .status.container_statuses[0]
+            .state.waiting.reason
+            == "CreateContainerConfigError"
+        )
+    )
+    assert waiting is not None

@@ -1,0 +1,145 @@
+"""The simulated scheduler: pods land only where GPUs, MIG slices, selectors and taints allow."""
+
+import kubernetes.client
+import pytest
+
+from tests.kube_sim import SimulatedCluster
+from tests.kube_sim.conftest import PY, pod_body, wait_for
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+SLEEP = [PY, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture
+def cluster():
+    with SimulatedCluster.run_in_thread(event_interval=0.5, max_grace_seconds=1) as c:
+        c.gpu_node("a100-1", gpus=2)
+        c.gpu_node("mig-1", gpus=1, mig="all-1g.10gb")
+        c.gpu_node("l4-1", product="NVIDIA-L4", gpus=1, memory_mib=23034)
+        yield c
+
+
+@pytest.fixture
+def v1(cluster):
+    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url)) as c:
+        yield kubernetes.client.CoreV1Api(c)
+
+
+def gpu_pod(name, resources, product=None, tolerate=True, **spec):
+    if product:
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": product}
+    if tolerate:
+        spec["tolerations"] = [GPU_TOLERATION]
+    return pod_body(name, command=SLEEP, resources={"limits": resources}, **spec)
+
+
+def node_of(v1, name):
+    return v1.read_namespaced_pod(name, "default").spec.node_name
+
+
+def failed_scheduling(v1, name):
+    events = v1.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={name},reason=FailedScheduling"
+    ).items
+    return [e.message for e in events]
+
+
+def test_gpu_pod_with_product_selector_lands_on_the_a100(v1):
+    v1.create_namespaced_pod(
+        "default", gpu_pod("ada", {"nvidia.com/gpu": "2"}, product="NVIDIA-A100-SXM4-80GB")
+    )
+    assert wait_for(lambda: node_of(v1, "ada")) == "a100-1"
+    scheduled = v1.list_namespaced_event("default", field_selector="reason=Scheduled").items
+    assert [e.message for e in scheduled] == ["Successfully assigned default/ada to a100-1"]
+
+
+def test_mig_slice_pod_lands_on_the_mig_node(v1, cluster):
+    node = next(n for n in v1.list_node().items if n.metadata.name == "mig-1")
+    assert node.status.allocatable["nvidia.com/mig-1g.10gb"] == "7"
+    assert node.metadata.labels["nvidia.com/mig.strategy"] == "mixed"
+    assert node.metadata.labels["nvidia.com/mig.config"] == "all-1g.10gb"
+    v1.create_namespaced_pod("default", gpu_pod("slice", {"nvidia.com/mig-1g.10gb": "1"}))
+    assert wait_for(lambda: node_of(v1, "slice")) == "mig-1"
+
+
+def test_pod_that_does_not_fit_stays_pending_then_binds_when_room_frees(v1):
+    v1.create_namespaced_pod(
+        "default", gpu_pod("first", {"nvidia.com/gpu": "2"}, product="NVIDIA-A100-SXM4-80GB")
+    )
+    wait_for(lambda: node_of(v1, "first"))
+    v1.create_namespaced_pod(
+        "default", gpu_pod("second", {"nvidia.com/gpu": "1"}, product="NVIDIA-A100-SXM4-80GB")
+    )
+    messages = wait_for(lambda: failed_scheduling(v1, "second"))
+    # the MIG node keeps its A100 product label (GFD mixed strategy) but has no whole GPUs
+    assert messages[0] == (
+        "0/3 nodes are available: 2 Insufficient nvidia.com/gpu, "
+        "1 node(s) didn't match Pod's node affinity/selector."
+    )
+    pod = v1.read_namespaced_pod("second", "default")
+    assert pod.status.phase == "Pending" and not pod.spec.node_name
+    cond = next(c for c in pod.status.conditions if c.type == "PodScheduled")
+    assert (cond.status, cond.reason) == ("False", "Unschedulable")
+    v1.delete_namespaced_pod("first", "default")
+    assert wait_for(lambda: node_of(v1, "second")) == "a100-1"
+
+
+def test_failed_scheduling_events_are_rate_limited(v1):
+    v1.create_namespaced_pod("default", gpu_pod("greedy", {"nvidia.com/gpu": "64"}))
+    wait_for(lambda: failed_scheduling(v1, "greedy"))
+    import time
+
+    time.sleep(1.2)  # the scheduler retries every second; events at most every 0.5 s here
+    assert 1 <= len(failed_scheduling(v1, "greedy")) <= 4
+
+
+def test_cordoned_nodes_are_skipped(v1, cluster):
+    cluster.cordon("l4-1")
+    v1.create_namespaced_pod("default", gpu_pod("l4", {"nvidia.com/gpu": "1"}, product="NVIDIA-L4"))
+    messages = wait_for(lambda: failed_scheduling(v1, "l4"))
+    assert "1 node(s) were unschedulable" in messages[0]
+    cluster.uncordon("l4-1")
+    assert wait_for(lambda: node_of(v1, "l4")) == "l4-1"
+
+
+def test_taints_without_tolerations_are_respected(v1, cluster):
+    v1.create_namespaced_pod("default", gpu_pod("untolerated", {"cpu": "1"}, tolerate=False))
+    messages = wait_for(lambda: failed_scheduling(v1, "untolerated"))
+    assert messages[0] == (
+        "0/3 nodes are available: 3 node(s) had untolerated taint {nvidia.com/gpu: present}."
+    )
+    cluster.add_node("cpu-1")
+    assert wait_for(lambda: node_of(v1, "untolerated")) == "cpu-1"
+
+
+def test_higher_priority_pod_preempts_a_lower_one(v1, cluster):
+    scheduling = kubernetes.client.SchedulingV1Api(v1.api_client)
+    scheduling.create_priority_class({"metadata": {"name": "low"}, "value": 10})
+    scheduling.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
+    v1.create_namespaced_pod(
+        "default",
+        gpu_pod("student", {"nvidia.com/gpu": "1"}, product="NVIDIA-L4", priorityClassName="low"),
+    )
+    wait_for(lambda: node_of(v1, "student"))
+    wait_for(lambda: v1.read_namespaced_pod("student", "default").status.phase == "Running")
+    v1.create_namespaced_pod(
+        "default",
+        gpu_pod("teacher", {"nvidia.com/gpu": "1"}, product="NVIDIA-L4", priorityClassName="high"),
+    )
+    assert v1.read_namespaced_pod("teacher", "default").spec.priority == 1000
+    assert wait_for(lambda: node_of(v1, "teacher")) == "l4-1"
+    preempted = v1.list_namespaced_event("default", field_selector="reason=Preempted").items
+    assert [(e.involved_object.name, e.message) for e in preempted] == [
+        ("student", "Preempted by default/teacher on node l4-1")
+    ]
+    wait_for(
+        lambda: (
+            not [p for p in v1.list_namespaced_pod("default").items if p.metadata.name == "student"]
+        )
+    )
+
+
+def test_unknown_priority_class_is_refused(v1):
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        v1.create_namespaced_pod("default", gpu_pod("x", {}, priorityClassName="nope"))
+    assert e.value.status == 403
