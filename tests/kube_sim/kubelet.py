@@ -54,7 +54,7 @@ def _field_ref(pod: Obj, path: str) -> str:
         "metadata.uid": meta.get("uid", ""),
         "spec.nodeName": pod["spec"].get("nodeName", ""),
         "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-        "status.podIP": "127.0.0.1",
+        "status.podIP": (pod.get("status") or {}).get("podIP") or "127.0.0.1",
         "status.hostIP": "127.0.0.1",
     }
     if path in simple:
@@ -76,6 +76,7 @@ class PodRun:
     task: asyncio.Task | None = None
     terminating: bool = False
     started_at: str = ""
+    pod_ip: str = "127.0.0.1"
 
 
 class Kubelet:
@@ -102,6 +103,13 @@ class Kubelet:
         self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._unsubscribe = None
+        self._ips = 0
+
+    def _next_ip(self) -> str:
+        """Each pod its own loopback address (127.1.0.1, 127.1.0.2, ...), as pods have their
+        own IPs; Linux routes all of 127.0.0.0/8 to the loopback device."""
+        self._ips += 1
+        return f"127.1.{self._ips // 250 % 250}.{self._ips % 250 + 1}"
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -167,7 +175,7 @@ class Kubelet:
             meta = current["metadata"]
             workdir = os.path.join(self.root_dir, meta["namespace"], meta["name"])
             os.makedirs(workdir, exist_ok=True)
-            run = PodRun(meta["namespace"], meta["name"], uid, workdir)
+            run = PodRun(meta["namespace"], meta["name"], uid, workdir, pod_ip=self._next_ip())
             self.runs[uid] = run
             self._logs[(run.namespace, run.name)] = run
             run.task = asyncio.create_task(self._pod_lifecycle(run))
@@ -263,8 +271,8 @@ class Kubelet:
             s.update(
                 hostIP="127.0.0.1",
                 hostIPs=[{"ip": "127.0.0.1"}],
-                podIP="127.0.0.1",
-                podIPs=[{"ip": "127.0.0.1"}],
+                podIP=run.pod_ip,
+                podIPs=[{"ip": run.pod_ip}],
                 startTime=now,
             )
             for c in ("Initialized", "PodScheduled"):
@@ -416,6 +424,10 @@ class Kubelet:
                     env[prefix + k] = base64.b64decode(v).decode() if rt is SECRET else v
         for item in container.get("env") or []:
             env[item["name"]] = self._env_value(pod, item, env)
+        # in its own network namespace a process listening on every address (0.0.0.0) is
+        # reached at the pod's IP; here the pods share one, so they listen on their pod IP
+        pod_ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"
+        env = {k: v.replace("0.0.0.0", pod_ip) for k, v in env.items()}
         command = [expand(a, env) for a in container.get("command") or []]
         args = [expand(a, env) for a in container.get("args") or []]
         argv = (command + args) if command else (IDLE_COMMAND if not args else args)
