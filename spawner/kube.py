@@ -110,15 +110,18 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if watcher is None:
                 await self._ensure_priority_classes()
                 watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
-                watcher.on_change.append(self.inventory_changed)
+                watcher.on_change.append(
+                    lambda _view: self.inventory_changed(watcher.inventory.preemptible_view)
+                )
                 watcher.start()
                 _watchers[loop] = watcher
         await watcher.ready()
         return watcher
 
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
+        """What an on-demand server could get now (spot servers make way for it)."""
         watcher = await self.cluster()
-        return watcher.inventory.view, False
+        return watcher.inventory.preemptible_view, False
 
     async def _ensure_priority_classes(self) -> None:
         api = shared_client("SchedulingV1Api")
@@ -168,7 +171,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         prices = await self.prices_for(inventory.view)
         if options.spot:
             prices = await self._spot_prices(prices)
-        answer = await self.place_or_wait(options, lambda: inventory.view, prices)
+        # spot servers take only what is free; on-demand ones may preempt spot servers
+        if options.spot:
+            answer = await self.place_or_wait(options, lambda: inventory.view, prices)
+        else:
+            answer = await self.place_or_wait(options, lambda: inventory.preemptible_view, prices)
         # no await since the decision: reserve before any other spawn decides
         if answer.offering.kind != "cpu":
             inventory.reserve(self.holder, answer.offering.key, answer.node, answer.count)
@@ -176,7 +183,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             return await self._start_placed(answer, price_class, watcher)
         except BaseException:
             inventory.release(self.holder)
-            self.inventory_changed(inventory.view)
+            self.inventory_changed(inventory.preemptible_view)
             raise
 
     async def _spot_prices(self, prices: dict[str, int]) -> dict[str, int]:

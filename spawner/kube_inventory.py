@@ -26,6 +26,8 @@ PRODUCT_LABEL = "nvidia.com/gpu.product"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: annotation naming the reservation a pod fulfils (set by the spawner)
 RESERVATION_ANNOTATION = "gputap.io/reservation"
+#: label of interruptible pods, which on-demand pods may preempt
+SPOT_LABEL = ("gputap.io/price-class", "spot")
 
 
 def quantity(value: Any) -> int:
@@ -91,9 +93,12 @@ class ClusterInventory:
         self.catalog = catalog
         self.nodes: dict[str, NodeGPUs] = {}
         self.view = FreeView()
+        #: what an on-demand server may take: free units plus those held by spot servers
+        self.preemptible_view = FreeView()
         self._used: dict[str, Counter[str]] = {}
-        # pod uid -> (node, requests) for pods that hold resources
-        self._holding: dict[str, tuple[str, Counter[str]]] = {}
+        self._spot_used: dict[str, Counter[str]] = {}
+        # pod uid -> (node, requests, spot) for pods that hold resources
+        self._holding: dict[str, tuple[str, Counter[str], bool]] = {}
         # placements made but whose pod is not yet seen bound: holder -> (node, requests)
         self._reserved: dict[str, tuple[str, Counter[str]]] = {}
 
@@ -102,10 +107,13 @@ class ClusterInventory:
         if node is None:
             return
         used = self._used.get(node_name, Counter())
+        spot = self._spot_used.get(node_name, Counter())
         for key, (resource, allocatable) in node.resources.items():
             capacity = allocatable if node.schedulable else 0
             free = min(capacity, max(0, allocatable - used[resource]))
             self.view.set(key, node_name, free, capacity)
+            preemptible = min(capacity, max(0, allocatable - used[resource] + spot[resource]))
+            self.preemptible_view.set(key, node_name, preemptible, capacity)
 
     def apply_node(self, event: str, node: Mapping[str, Any]) -> None:
         """A node was ADDED, MODIFIED or DELETED."""
@@ -114,6 +122,7 @@ class ClusterInventory:
         if old is not None:
             for key in old.resources:
                 self.view.set(key, name, 0, 0)
+                self.preemptible_view.set(key, name, 0, 0)
         if event != "DELETED":
             self.nodes[name] = node_gpus(node, self.catalog)
             self._refresh(name)
@@ -145,17 +154,22 @@ class ClusterInventory:
         phase = (pod.get("status") or {}).get("phase")
         holds = event != "DELETED" and node_name and phase not in TERMINAL_PHASES
         wanted = pod_requests(pod) if holds else Counter()
+        spot = (meta.get("labels") or {}).get(SPOT_LABEL[0]) == SPOT_LABEL[1]
         previous = self._holding.pop(uid, None)
         if previous is not None:
-            old_node, old_wanted = previous
+            old_node, old_wanted, was_spot = previous
             self._used[old_node].subtract(old_wanted)
+            if was_spot:
+                self._spot_used[old_node].subtract(old_wanted)
             if old_node != node_name:
                 self._refresh(old_node)
         if holder and (holds or event == "DELETED" or phase in TERMINAL_PHASES):
             self.release(holder)  # the pod itself is counted from now on
         if holds and wanted:
-            self._holding[uid] = (node_name, wanted)
+            self._holding[uid] = (node_name, wanted, spot)
             self._used.setdefault(node_name, Counter()).update(wanted)
+            if spot:
+                self._spot_used.setdefault(node_name, Counter()).update(wanted)
         if node_name:
             self._refresh(node_name)
 

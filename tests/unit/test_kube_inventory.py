@@ -98,3 +98,16 @@ def test_a_reservation_holds_units_until_its_pod_is_seen_bound():
     inv.reserve("bob/", "L40S", "gpu-l40s", 1)
     inv.release("bob/")
     assert inv.view.free("L40S") == 4
+
+
+def test_on_demand_servers_may_take_what_spot_servers_hold():
+    inv = cluster()
+    spot = pod("s1", "gpu-l40s", {"nvidia.com/gpu": "4"})
+    spot["metadata"]["labels"] = {"gputap.io/price-class": "spot"}
+    inv.apply_pod("ADDED", spot)
+    assert inv.view.free("L40S") == 0
+    assert inv.preemptible_view.free("L40S") == 4
+    inv.apply_pod("ADDED", pod("o1", "gpu-a100", {"nvidia.com/gpu": "8"}))
+    assert inv.preemptible_view.free("A100-80GB") == 0  # on-demand is never preempted
+    inv.apply_pod("DELETED", spot)
+    assert inv.view.free("L40S") == inv.preemptible_view.free("L40S") == 4
