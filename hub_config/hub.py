@@ -131,6 +131,8 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
     c.KubeSpawner.image = kube.get("image", "gputap/singleuser:latest")
     if kube.get("cmd"):
         c.KubeSpawner.cmd = list(kube["cmd"])
+    if kube.get("args"):
+        c.KubeSpawner.args = list(kube["args"])
     if kube.get("environment"):
         c.KubeSpawner.environment = dict(kube["environment"])
     # one home per user, kept across servers, restarts and card changes

@@ -146,6 +146,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # -- starting -------------------------------------------------------------------------
 
+    async def load_user_options(self) -> None:
+        """gputap's options are not KubeSpawner profiles (its ``profile`` key is a MIG profile
+        here): they were validated by apply_user_options and become the pod in _start."""
+
     def _apply_gpu_settings(self, settings: dict[str, Any]) -> None:
         """Set the pod traits for this spawn over their configured values (never piling up
         the previous spawn's values)."""

@@ -49,6 +49,7 @@ class Platform:
         root: Path,
         extra: dict[str, Any] | None = None,
         services: list[dict[str, Any]] | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.root = root
         self.ops_token = secrets.token_hex(16)
@@ -77,6 +78,7 @@ class Platform:
             settings.setdefault(section, {}).update(values)
         self.settings_path = root / "gputap.yaml"
         self.settings_path.write_text(yaml.safe_dump(settings))
+        self.env = dict(env or {})
         self.log_path = root / "hub.log"
         self.proc: subprocess.Popen | None = None
         self.api = requests.Session()
@@ -87,6 +89,7 @@ class Platform:
     def start(self, timeout: float = 60) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTAP")}
         env["GPUTAP_SETTINGS"] = str(self.settings_path)
+        env.update(self.env)
         (self.root / "data").mkdir(exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the hub's life)
         self.proc = subprocess.Popen(

@@ -1,0 +1,59 @@
+"""The whole platform on the Kubernetes backend, against the simulated cluster.
+
+Three GPU nodes, as the issue describes: 8x A100-80GB, an H100-80GB node partitioned
+all-1g.10gb (56 slices), and 4x L40S. Pods run as local processes (tests/kube_sim)."""
+
+import sys
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from tests.kube_sim.cluster import SimulatedCluster
+from tests.platform import Platform
+
+SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0) as c:
+        c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8)
+        c.gpu_node("gpu-h100", product="NVIDIA-H100-80GB-HBM3", gpus=8, mig="all-1g.10gb")
+        c.gpu_node("gpu-l40s", product="NVIDIA-L40S", gpus=4, memory_mib=46068)
+        core = kube_api(c)
+        core.create_namespace({"metadata": {"name": "gputap"}})
+        yield c
+
+
+def kube_api(cluster) -> kubernetes.client.CoreV1Api:
+    config = kubernetes.client.Configuration(host=cluster.url)
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+
+@pytest.fixture(scope="module")
+def platform(cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("kube-platform")
+    kubeconfig = cluster.write_kubeconfig(str(root / "kubeconfig"), namespace="gputap")
+    p = Platform(
+        root,
+        extra={
+            "spawner": {
+                "backend": "kubernetes",
+                "start_timeout": 60,
+                "kubernetes": {
+                    "namespace": "gputap",
+                    "cmd": [SINGLEUSER],
+                    "args": ["--allow-root"],
+                    "environment": {
+                        "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
+                    },
+                },
+            }
+        },
+        env={"KUBECONFIG": kubeconfig},
+    )
+    p.start()
+    yield p
+    p.shutdown()

@@ -1,0 +1,102 @@
+"""GPUKubeSpawner end to end: the real hub and proxy, the simulated cluster."""
+
+import time
+
+import requests
+
+from tests.kube.conftest import kube_api
+
+
+def pod_of(cluster, user):
+    pods = [
+        p
+        for p in cluster.pods("gputap")
+        if p["metadata"].get("labels", {}).get("hub.jupyter.org/username") == user
+        and "deletionTimestamp" not in p["metadata"]
+    ]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def reach(platform, user, timeout=60):
+    token = platform.user_token(user)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = requests.get(
+            f"{platform.url}/user/{user}/api/status",
+            headers={"Authorization": f"token {token}"},
+            timeout=5,
+        )
+        if r.status_code == 200:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{user}'s server not reachable:\n{platform.log_tail()}")
+
+
+def test_two_a100s_land_on_the_a100_node_with_the_right_pod(platform, cluster):
+    platform.create_user("ada")
+    r = platform.spawn("ada", {"kind": "card", "card": "A100-80GB", "count": 2})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("ada")
+    reach(platform, "ada")
+    pod = pod_of(cluster, "ada")
+    spec, labels = pod["spec"], pod["metadata"]["labels"]
+    assert spec["nodeName"] == "gpu-a100"
+    container = spec["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["priorityClassName"] == "gputap-on-demand"
+    assert labels["gputap.io/card"] == "A100-80GB" and labels["gputap.io/count"] == "2"
+    assert labels["gputap.io/user"] == "ada" and labels["gputap.io/price-class"] == "on-demand"
+    assert pod["metadata"]["annotations"]["gputap.io/offering"] == "A100-80GB"
+    # the home volume is the user's own claim, kept across servers
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if
+              "persistentVolumeClaim" in v]  # fmt: skip
+    assert claims == ["home-ada"]
+    [session] = platform.account("ada")["running"]
+    assert session["sku"] == "A100-80GB" and session["count"] == 2
+    platform.stop_server("ada")
+    [ended] = platform.sessions("ada")
+    assert ended["state"] == "ended"
+    assert kube_api(cluster).read_namespaced_persistent_volume_claim("home-ada", "gputap")
+
+
+def test_a_slice_lands_on_the_mig_node(platform, cluster):
+    platform.create_user("bea")
+    r = platform.spawn("bea", {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("bea")
+    pod = pod_of(cluster, "bea")
+    assert pod["spec"]["nodeName"] == "gpu-h100"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/mig-1g.10gb"] == "1" and "nvidia.com/gpu" not in limits
+    assert pod["metadata"]["labels"]["gputap.io/slice"] == "1g.10gb"
+    platform.stop_server("bea")
+
+
+def test_a_spec_request_gets_the_cheapest_fit(platform, cluster):
+    platform.create_user("cai")
+    # >= 40 GB and >= 300 TFLOPS: L40S (6.00/h) beats A100-80GB (8.00/h); no slice is that big
+    r = platform.spawn("cai", {"kind": "spec", "min_memory_gb": 40, "min_tflops": 300})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("cai")
+    pod = pod_of(cluster, "cai")
+    assert pod["spec"]["nodeName"] == "gpu-l40s"
+    assert pod["metadata"]["labels"]["gputap.io/card"] == "L40S"
+    platform.stop_server("cai")
+
+
+def test_bad_options_name_the_problem(platform):
+    platform.create_user("dan")
+    for options, message in [
+        ({"kind": "card", "card": "A100-80GB", "count": 9}, "at most 8"),
+        ({"kind": "card", "card": "T4"}, "this platform has no T4"),
+        ({"kind": "slice", "card": "H100-80GB", "profile": "2g.20gb"}, "no H100-80GB 2g.20gb"),
+        ({"kind": "card", "card": "L40S", "spot": "yes"}, "spot must be true or false"),
+    ]:
+        r = platform.spawn("dan", options)
+        assert r.status_code == 400, r.text
+        assert message in r.json()["message"], r.json()
