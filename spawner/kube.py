@@ -294,18 +294,22 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def poll(self):
         status = await super().poll()
-        if status is not None and self.gpu is not None:
-            reason = self._preemption()
+        record = self.gpu
+        if status is not None and record is not None and self._stop_requested is None:
+            # gone without a stop (preempted, crashed): the hub will not call stop()
+            self.gpu = None
+            reason = self._preemption(record)
             if reason:
                 self.notice = reason
                 self.log.info("%s: %s", self.holder, reason)
+            await self._finish(record, utcnow())
         return status
 
-    def _preemption(self) -> str:
+    def _preemption(self, record: dict[str, Any]) -> str:
         """Why the pod went away, if the scheduler preempted it."""
         for event in reversed(self.events):
             if event.get("reason") == "Preempted":
-                label = self.catalog.offering(self.gpu["offering"]).label
+                label = self.catalog.offering(record["offering"]).label
                 return (
                     f"Your spot {label} server was stopped: {event.get('message', 'preempted')}. "
                     "Spot servers make way for on-demand ones; your files are kept."

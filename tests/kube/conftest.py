@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def cluster():
     with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0) as c:
-        c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8)
+        # a DGX-like A100 node: 8 GPUs, 128 cores, 2 TiB (the catalog sizes CPU and memory
+        # per GPU, so a node built for its GPUs fits them)
+        c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8, cpu="128", memory="2Ti")
         c.gpu_node("gpu-h100", product="NVIDIA-H100-80GB-HBM3", gpus=8, mig="all-1g.10gb")
         c.gpu_node("gpu-l40s", product="NVIDIA-L40S", gpus=4, memory_mib=46068)
         core = kube_api(c)
