@@ -73,6 +73,36 @@ def _count(request: Request) -> int:
     return request.count if isinstance(request, CardRequest) else 1
 
 
+def build_choices(view: FreeView, catalog: Catalog, prices: dict[str, int]) -> list[Choice]:
+    """Every offering the inventory holds with its live numbers, cheapest first, then CPU;
+    sold-out ones with the free alternatives a request for them would be offered."""
+    result = []
+    for key in view.keys():
+        offering = catalog.offering(key)
+        alternatives: tuple = ()
+        if view.max_free(key) == 0 and key in prices:
+            request = (
+                SliceRequest(offering.card, offering.profile)
+                if offering.kind == "slice"
+                else CardRequest(offering.card)
+            )
+            answer = place(request, view, catalog, prices)
+            alternatives = answer.alternatives if isinstance(answer, Refusal) else ()
+        result.append(
+            Choice(
+                offering,
+                view.free(key),
+                view.total(key),
+                view.max_capacity(key),
+                prices.get(key),
+                alternatives,
+            )
+        )
+    result.sort(key=lambda c: (c.price_per_hour_micro or 0, c.offering.key))
+    result.append(Choice(catalog.cpu, 1, 1, 1, prices.get(CPU_KEY)))
+    return result
+
+
 def billing_unavailable(e: Exception) -> web.HTTPError:
     return web.HTTPError(
         503,
@@ -202,31 +232,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """The form's options, whether the cards are simulated, and the spot discount."""
         view, simulated = await self.gpu_free_view()
         prices, spot_discount = await self.price_book_for(view)
-        result = []
-        for key in view.keys():
-            offering = self.catalog.offering(key)
-            alternatives: tuple = ()
-            if view.max_free(key) == 0 and key in prices:
-                request = (
-                    SliceRequest(offering.card, offering.profile)
-                    if offering.kind == "slice"
-                    else CardRequest(offering.card)
-                )
-                answer = place(request, view, self.catalog, prices)
-                alternatives = answer.alternatives if isinstance(answer, Refusal) else ()
-            result.append(
-                Choice(
-                    offering,
-                    view.free(key),
-                    view.total(key),
-                    view.max_capacity(key),
-                    prices.get(key),
-                    alternatives,
-                )
-            )
-        result.sort(key=lambda c: (c.price_per_hour_micro or 0, c.offering.key))
-        result.append(Choice(self.catalog.cpu, 1, 1, 1, prices.get(CPU_KEY)))
-        return result, simulated, spot_discount
+        return build_choices(view, self.catalog, prices), simulated, spot_discount
 
     async def _gputap_options_form(self, spawner=None) -> str:
         try:

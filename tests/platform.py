@@ -50,6 +50,7 @@ class Platform:
         extra: dict[str, Any] | None = None,
         services: list[dict[str, Any]] | None = None,
         env: dict[str, str] | None = None,
+        config: Path = CONFIG,
     ):
         self.root = root
         self.ops_token = secrets.token_hex(16)
@@ -79,6 +80,7 @@ class Platform:
         self.settings_path = root / "gputap.yaml"
         self.settings_path.write_text(yaml.safe_dump(settings))
         self.env = dict(env or {})
+        self.config = config
         self.log_path = root / "hub.log"
         self.proc: subprocess.Popen | None = None
         self.api = requests.Session()
@@ -93,7 +95,7 @@ class Platform:
         (self.root / "data").mkdir(exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the hub's life)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)],
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
             cwd=self.root / "data",
             env=env,
             stdout=log,
