@@ -72,6 +72,7 @@ def apply(c: Any, settings: Settings) -> None:
     c.JupyterHub.db_url = hub["db_url"]
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
+    c.JupyterHub.concurrent_spawn_limit = int(hub.get("concurrent_spawn_limit", 100))
     # servers keep running (and billing keeps counting) across hub restarts
     c.JupyterHub.cleanup_servers = False
     c.ConfigurableHTTPProxy.command = proxy_command(hub)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -15,6 +16,9 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 log = logging.getLogger(__name__)
+
+PRICE_CACHE_SECONDS = 10
+_price_cache: dict[tuple[str, tuple[str, ...]], tuple[float, tuple[dict[str, int], int]]] = {}
 
 
 class BillingUnavailable(RuntimeError):
@@ -67,11 +71,20 @@ class BillingClient:
         return (await self.price_book(skus))[0]
 
     async def price_book(self, skus: list[str]) -> tuple[dict[str, int], int]:
-        """Prices of each SKU that has one, and the spot discount in percent."""
+        """Prices of each SKU that has one, and the spot discount in percent.
+
+        Kept for PRICE_CACHE_SECONDS: the hub only ranks options with them, and billing fixes
+        the price of a session itself when it starts."""
+        key = (self.url, tuple(skus))
+        cached = _price_cache.get(key)
+        if cached and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
+            return cached[1]
         query = urlencode([("sku", s) for s in skus])
         answer = await self._call("GET", f"api/prices?{query}")
         prices = {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
-        return prices, answer.get("spot_discount_percent", 0)
+        result = prices, answer.get("spot_discount_percent", 0)
+        _price_cache[key] = (time.monotonic(), result)
+        return result
 
     async def open_account(self, username: str) -> dict[str, Any]:
         return await self._call("PUT", f"api/accounts/{quote(username, safe='')}", {})

@@ -1,0 +1,165 @@
+"""Spawn benchmarks on the simulated cluster, through the real hub and proxy.
+
+(a) overhead: hub POST -> ready for GPUKubeSpawner vs stock KubeSpawner given an equivalent
+    static profile_list (one MIG slice), same cluster, same run, N spawns each; median ratio.
+    Target (issue 3): <= 1.10.
+(b) class burst: U users ask for a slice within one second; time to ready, p50/p95.
+    Target: p95 <= 15 s on a 2-core machine.
+
+The single-user "server" is a minimal HTTP server (what the hub waits for), so the figures
+measure the platform (hub, spawner, billing, API server, scheduler), not JupyterLab's start.
+
+    .venv/bin/python bench/kube_spawn.py [--spawns 30] [--users 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.kube.conftest import kube_api  # noqa: E402
+from tests.kube_sim.cluster import SimulatedCluster  # noqa: E402
+from tests.platform import CONFIG, Platform  # noqa: E402
+
+SERVER = """
+import http.server, os, urllib.parse
+url = urllib.parse.urlparse(os.environ["JUPYTERHUB_SERVICE_URL"])
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((url.hostname, url.port), Ok).serve_forever()
+"""
+
+STOCK = """
+exec(open({config!r}).read())
+c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
+c.KubeSpawner.profile_list = [{{
+    "display_name": "H100 1g.10gb slice",
+    "slug": "slice",
+    "kubespawner_override": {{
+        "extra_resource_limits": {{"nvidia.com/mig-1g.10gb": "1"}},
+        "extra_resource_guarantees": {{"nvidia.com/mig-1g.10gb": "1"}},
+        "node_selector": {{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "tolerations": [{{"key": "nvidia.com/gpu", "operator": "Exists",
+                          "effect": "NoSchedule"}}],
+    }},
+}}]
+"""
+
+GPUTAP_OPTIONS = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
+STOCK_OPTIONS = {"profile": "slice"}
+
+
+def platform_for(root: Path, cluster, config: Path) -> Platform:
+    root.mkdir(parents=True, exist_ok=True)
+    kubeconfig = cluster.write_kubeconfig(str(root / "kubeconfig"), namespace="gputap")
+    return Platform(
+        root,
+        extra={
+            "hub": {"concurrent_spawn_limit": 500},
+            "spawner": {
+                "backend": "kubernetes",
+                "start_timeout": 300,
+                "kubernetes": {"namespace": "gputap", "cmd": [sys.executable, "-c", SERVER]},
+            },
+        },
+        env={"KUBECONFIG": kubeconfig},
+        config=config,
+    )
+
+
+def spawn_and_wait(platform: Platform, user: str, options: dict) -> float:
+    """Seconds from the POST to the hub reporting the server ready (201 means ready)."""
+    start = time.perf_counter()
+    r = platform.spawn(user, options)
+    if r.status_code == 201:
+        return time.perf_counter() - start
+    if r.status_code != 202:
+        raise RuntimeError(f"{user}: {r.status_code} {r.text}")
+    deadline = start + 300
+    while time.perf_counter() < deadline:
+        server = platform.server(user)
+        if server and server.get("ready"):
+            return time.perf_counter() - start
+        time.sleep(0.02)
+    raise RuntimeError(f"{user} did not become ready")
+
+
+def sequential(platform: Platform, prefix: str, options: dict, n: int) -> list[float]:
+    times = []
+    for i in range(n):
+        user = f"{prefix}{i}"
+        platform.create_user(user)
+        times.append(spawn_and_wait(platform, user, options))
+        platform.stop_server(user)
+    return times
+
+
+def burst(platform: Platform, users: int) -> list[float]:
+    names = [f"student{i:03d}" for i in range(users)]
+    for name in names:
+        platform.create_user(name)
+    with ThreadPoolExecutor(users) as pool:
+        times = list(pool.map(lambda n: spawn_and_wait(platform, n, GPUTAP_OPTIONS), names))
+    for name in names:
+        platform.stop_server(name, wait=False)
+    return times
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spawns", type=int, default=30)
+    parser.add_argument("--users", type=int, default=100)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, SimulatedCluster.run_in_thread(seed=1) as cluster:
+        for i in range(2):
+            cluster.gpu_node(f"gpu-h100-{i}", product="NVIDIA-H100-80GB-HBM3", mig="all-1g.10gb",
+                             cpu="256", memory="4Ti", pods=500)  # fmt: skip
+        kube_api(cluster).create_namespace({"metadata": {"name": "gputap"}})
+        root = Path(tmp)
+        stock_config = root / "stock_config.py"
+        stock_config.write_text(STOCK.format(config=str(CONFIG)))
+
+        stock = platform_for(root / "stock", cluster, stock_config)
+        stock.start()
+        try:
+            stock_times = sequential(stock, "s", STOCK_OPTIONS, args.spawns)
+        finally:
+            stock.shutdown()
+
+        ours = platform_for(root / "gputap", cluster, CONFIG)
+        ours.start()
+        try:
+            our_times = sequential(ours, "g", GPUTAP_OPTIONS, args.spawns)
+            burst_times = burst(ours, args.users)
+        finally:
+            ours.shutdown()
+
+    ratio = statistics.median(our_times) / statistics.median(stock_times)
+    print(f"(a) spawn overhead, POST -> ready, {args.spawns} spawns each, one H100 1g.10gb slice")
+    print(f"    stock KubeSpawner + profile_list: median {statistics.median(stock_times):.3f} s")
+    print(f"    GPUKubeSpawner:                   median {statistics.median(our_times):.3f} s")
+    print(f"    ratio {ratio:.3f} (target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})")
+    p50, p95 = pct(burst_times, 0.5), pct(burst_times, 0.95)
+    print(f"(b) class burst: {args.users} users within one second, all ready")
+    print(f"    time to ready p50 {p50:.2f} s  p95 {p95:.2f} s  max {max(burst_times):.2f} s")
+    print(f"    target p95 <= 15 s: {'met' if p95 <= 15 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
