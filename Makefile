@@ -48,6 +48,8 @@ test: setup system-packages lint
 
 bench: setup
 	$(PY) bench/placement.py
+	$(PY) bench/form_render.py
+	$(PY) bench/kube_spawn.py
 
 clean:
 	rm -rf $(VENV) node_modules .demo .pytest_cache .hypothesis

@@ -106,14 +106,37 @@ def sequential(platform: Platform, prefix: str, options: dict, n: int) -> list[f
 
 
 def burst(platform: Platform, users: int) -> list[float]:
+    """All users POST within a second; one poller notes when the hub reports each ready."""
     names = [f"student{i:03d}" for i in range(users)]
     for name in names:
         platform.create_user(name)
+    start = time.perf_counter()
+    ready: dict[str, float] = {}
+
+    def post(name: str) -> None:
+        r = platform.spawn(name, GPUTAP_OPTIONS)
+        if r.status_code == 201:
+            ready.setdefault(name, time.perf_counter() - start)
+        elif r.status_code != 202:
+            raise RuntimeError(f"{name}: {r.status_code} {r.text}")
+
     with ThreadPoolExecutor(users) as pool:
-        times = list(pool.map(lambda n: spawn_and_wait(platform, n, GPUTAP_OPTIONS), names))
+        posts = [pool.submit(post, name) for name in names]
+        deadline = start + 300
+        while len(ready) < users and time.perf_counter() < deadline:
+            now = time.perf_counter() - start
+            for user in platform.get("/users", params={"state": "active"}).json():
+                server = user.get("servers", {}).get("")
+                if server and server.get("ready"):
+                    ready.setdefault(user["name"], now)
+            time.sleep(0.1)
+        for future in posts:
+            future.result()
+    if len(ready) < users:
+        raise RuntimeError(f"only {len(ready)} of {users} servers became ready")
     for name in names:
         platform.stop_server(name, wait=False)
-    return times
+    return list(ready.values())
 
 
 def pct(values: list[float], q: float) -> float:

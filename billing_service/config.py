@@ -48,7 +48,9 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         min_billable_seconds=_positive_int(section, "min_billable_seconds", 1),
         enforce_interval_seconds=float(interval),
         price_book=make_price_book(
-            section.get("prices") or {}, section.get("spot_discount_percent", 60)
+            section.get("prices") or {},
+            section.get("spot_discount_percent", 60),
+            section.get("shared_percent", 25),
         ),
     )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .money import parse_credits
 
 MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+SHARED = "shared"
 MIG_SLICES_PER_CARD = 7
 
 
@@ -24,6 +25,8 @@ class PriceBook:
     cards: Mapping[str, int] = field(default_factory=dict)
     slices: Mapping[str, int] = field(default_factory=dict)
     spot_discount_percent: int = 60
+    #: a time-sliced share of a GPU ("CARD/shared") costs this share of the card's price
+    shared_percent: int = 25
 
     def price(self, sku: str, price_class: str = "on-demand") -> int | None:
         """Micro-credits per hour for one unit of ``sku``; None when it has no price.
@@ -44,6 +47,9 @@ class PriceBook:
         card, sep, profile = sku.partition("/")
         if not sep or card not in self.cards or card == "cpu":
             return None
+        if profile == SHARED:
+            # half up: floor(card * percent / 100 + 1/2)
+            return (2 * self.cards[card] * self.shared_percent + 100) // 200
         match = MIG_PROFILE.match(profile)
         if not match:
             return None
@@ -69,7 +75,9 @@ class PriceBook:
         return priced, unpriced
 
 
-def make_price_book(prices: Mapping[str, object], spot_discount_percent: int = 60) -> PriceBook:
+def make_price_book(
+    prices: Mapping[str, object], spot_discount_percent: int = 60, shared_percent: int = 25
+) -> PriceBook:
     """Build the price book from ``billing.prices``; ``ValueError`` names a bad key."""
     if not isinstance(prices, Mapping):
         raise ValueError("billing.prices must be a mapping of SKU to credits per hour")
@@ -81,21 +89,25 @@ def make_price_book(prices: Mapping[str, object], spot_discount_percent: int = 6
             raise ValueError(f"billing.prices[{sku!r}] must not be negative")
         if "/" in str(sku):
             card, _, profile = str(sku).partition("/")
-            if not card or not MIG_PROFILE.match(profile):
+            if not card or not (MIG_PROFILE.match(profile) or profile == SHARED):
                 raise ValueError(
-                    f"billing.prices[{sku!r}]: a slice price needs CARD/<g>g.<m>gb, "
-                    "e.g. A100-80GB/1g.10gb"
+                    f"billing.prices[{sku!r}]: a slice price needs CARD/<g>g.<m>gb or "
+                    "CARD/shared, e.g. A100-80GB/1g.10gb"
                 )
             slices[str(sku)] = micro
         else:
             cards[str(sku)] = micro
-    if (
-        isinstance(spot_discount_percent, bool)
-        or not isinstance(spot_discount_percent, int)
-        or not 0 <= spot_discount_percent < 100
+    for key, value, low in (
+        ("spot_discount_percent", spot_discount_percent, 0),
+        ("shared_percent", shared_percent, 1),
     ):
-        raise ValueError(
-            "billing.spot_discount_percent must be a whole number from 0 to 99, "
-            f"not {spot_discount_percent!r}"
-        )
-    return PriceBook(cards=cards, slices=slices, spot_discount_percent=spot_discount_percent)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 100:
+            raise ValueError(
+                f"billing.{key} must be a whole number from {low} to 99, not {value!r}"
+            )
+    return PriceBook(
+        cards=cards,
+        slices=slices,
+        spot_discount_percent=spot_discount_percent,
+        shared_percent=shared_percent,
+    )

@@ -30,10 +30,12 @@ from .placement import (
     Request,
     RequestError,
     ServerOptions,
+    SharedRequest,
     SliceRequest,
     parse_options,
     parse_request,
     place,
+    request_for,
 )
 from .queue import WaitQueues, ordinal
 
@@ -64,7 +66,7 @@ def _wanted_key(request: Request) -> str | None:
     """The offering a request waits for when sold out (specs and CPU never wait)."""
     if isinstance(request, CardRequest):
         return request.card
-    if isinstance(request, SliceRequest):
+    if isinstance(request, SliceRequest | SharedRequest):
         return request.key
     return None
 
@@ -81,12 +83,7 @@ def build_choices(view: FreeView, catalog: Catalog, prices: dict[str, int]) -> l
         offering = catalog.offering(key)
         alternatives: tuple = ()
         if view.max_free(key) == 0 and key in prices:
-            request = (
-                SliceRequest(offering.card, offering.profile)
-                if offering.kind == "slice"
-                else CardRequest(offering.card)
-            )
-            answer = place(request, view, catalog, prices)
+            answer = place(request_for(offering), view, catalog, prices)
             alternatives = answer.alternatives if isinstance(answer, Refusal) else ()
         result.append(
             Choice(

@@ -22,7 +22,9 @@ CPU_KEY = "cpu"
 MIG_FULL_SLICES = 7
 _PROFILE_RE = re.compile(r"^(?P<g>[1-7])g\.(?P<mem>\d+)gb$")
 
-OfferingKind = Literal["card", "slice", "cpu"]
+OfferingKind = Literal["card", "slice", "shared", "cpu"]
+#: the "profile" part of a time-sliced shared GPU's key: "A100-80GB/shared"
+SHARED = "shared"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,8 @@ class Offering:
         """Short human label: "A100-80GB", "A100-80GB 1g.10gb slice", "CPU only"."""
         if self.kind == "slice":
             return f"{self.card} {self.profile} slice"
+        if self.kind == "shared":
+            return f"{self.card} shared (time-sliced)"
         return self.name if self.kind == "cpu" else self.key
 
 
@@ -168,6 +172,13 @@ class Catalog:
                 result[key] = Offering(
                     key, "slice", f"{card.name} {p.name}", p.memory_gb, tflops, card.sku, p.name
                 )
+            # time-sliced (nvidia.com/gpu.shared): the card's memory and compute, shared with
+            # others, so no spec request ever matches it
+            key = offering_key(card.sku, SHARED)
+            result[key] = Offering(
+                key, "shared", f"{card.name} (shared)", card.memory_gb, card.fp16_tflops,
+                card.sku, SHARED,
+            )  # fmt: skip
         result[CPU_KEY] = self.cpu
         return result
 

@@ -54,6 +54,8 @@ def _value(choice: Choice) -> str:
 def _what(offering: Offering) -> str:
     if offering.kind == "cpu":
         return "no GPU"
+    if offering.kind == "shared":
+        return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS, shared"
     return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS"
 
 
@@ -113,7 +115,12 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
     )
 
 
-_GROUPS = (("slice", "MIG slices"), ("card", "Whole GPUs"), ("cpu", "No GPU"))
+_GROUPS = (
+    ("shared", "Shared GPUs (time-sliced: cheapest, no guaranteed speed)"),
+    ("slice", "MIG slices"),
+    ("card", "Whole GPUs"),
+    ("cpu", "No GPU"),
+)
 
 _STYLE = """
 <style>
@@ -258,6 +265,8 @@ def _choice_options(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]
     if kind == "slice":
         card, _, profile = key.partition("/")
         return {"kind": "slice", "card": card, "profile": profile}
+    if kind == "shared":
+        return {"kind": "shared", "card": key.partition("/")[0]}
     if kind == "spec":
         return {
             "kind": "spec",

@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import Catalog, offering_key
+from .catalog import SHARED, Catalog, offering_key
 from .placement import FreeView
 
 log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -67,6 +68,8 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
             continue
         if resource == GPU_RESOURCE:
             result.resources[card.sku] = (resource, count)
+        elif resource == SHARED_RESOURCE:
+            result.resources[offering_key(card.sku, SHARED)] = (resource, count)
         elif resource.startswith(MIG_PREFIX):
             profile = resource[len(MIG_PREFIX) :]
             if card.profile(profile) is not None:
@@ -81,7 +84,7 @@ def pod_requests(pod: Mapping[str, Any]) -> Counter[str]:
         resources = container.get("resources") or {}
         asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
         for resource, value in asked.items():
-            if resource == GPU_RESOURCE or resource.startswith(MIG_PREFIX):
+            if resource in (GPU_RESOURCE, SHARED_RESOURCE) or resource.startswith(MIG_PREFIX):
                 wanted[resource] += quantity(value)
     return wanted
 

@@ -10,7 +10,7 @@ and operators can attribute it:
 | ``gputap.io/server`` | slug ("" → "default") | the server name as is |
 | ``gputap.io/offering`` | — | ``A100-80GB``, ``A100-80GB/1g.10gb`` or ``cpu`` |
 | ``gputap.io/card`` | ``A100-80GB`` (absent for CPU only) | |
-| ``gputap.io/slice`` | ``1g.10gb`` (slices only) | |
+| ``gputap.io/slice`` | ``1g.10gb`` (slices), ``shared`` (time-sliced GPUs) | |
 | ``gputap.io/count`` | ``2`` | |
 | ``gputap.io/price-class`` | ``on-demand`` or ``spot`` | |
 | ``gputap.io/course`` | course slug (when course-funded) | course name |
@@ -24,7 +24,7 @@ from typing import Any
 from kubespawner.slugs import is_valid_label, safe_slug
 
 from .catalog import Catalog
-from .kube_inventory import GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL
+from .kube_inventory import GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL, SHARED_RESOURCE
 from .placement import Placement
 
 PREFIX = "gputap.io/"
@@ -40,6 +40,8 @@ def gpu_resource(placement: Placement) -> str | None:
     offering = placement.offering
     if offering.kind == "slice":
         return f"{MIG_PREFIX}{offering.profile}"
+    if offering.kind == "shared":
+        return SHARED_RESOURCE
     return GPU_RESOURCE if offering.kind == "card" else None
 
 
@@ -89,6 +91,9 @@ def gpu_pod_settings(
     if offering.kind == "slice":
         labels[f"{PREFIX}slice"] = offering.profile
         share = card.profile(offering.profile).compute_slices / 7
+    elif offering.kind == "shared":
+        labels[f"{PREFIX}slice"] = "shared"
+        share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory
     units = placement.count * share
     settings.update(
         extra_resource_limits={resource: str(placement.count)},

@@ -9,6 +9,8 @@ Requests (the ``user_options`` a user sends, validated by :func:`parse_request`)
 - ``{"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}``: one MIG slice;
 - ``{"kind": "spec", "min_memory_gb": 32, "min_tflops": 80, "count": 1}``: the cheapest free
   card (or, for one GPU, slice) with at least that memory and FP16 TFLOPS per GPU;
+- ``{"kind": "shared", "card": "T4"}``: a time-sliced share of a GPU (Kubernetes,
+  ``nvidia.com/gpu.shared``); never matched by a spec;
 - ``{"kind": "cpu"}``: no GPU. An empty request means CPU only.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .catalog import CPU_KEY, Catalog, Offering, offering_key
+from .catalog import CPU_KEY, SHARED, Catalog, Offering, offering_key
 
 #: Sanity bounds for spec requests: beyond these nothing could ever match.
 MAX_SPEC_MEMORY_GB = 10_000
@@ -49,6 +51,15 @@ class SliceRequest:
 
 
 @dataclass(frozen=True)
+class SharedRequest:
+    card: str
+
+    @property
+    def key(self) -> str:
+        return offering_key(self.card, SHARED)
+
+
+@dataclass(frozen=True)
 class SpecRequest:
     min_memory_gb: float = 0
     min_tflops: float = 0
@@ -60,7 +71,7 @@ class CpuRequest:
     pass
 
 
-Request = CardRequest | SliceRequest | SpecRequest | CpuRequest
+Request = CardRequest | SliceRequest | SharedRequest | SpecRequest | CpuRequest
 
 
 @dataclass(frozen=True)
@@ -177,6 +188,7 @@ class FreeView:
 _FIELDS = {
     "card": {"kind", "card", "count"},
     "slice": {"kind", "card", "profile"},
+    "shared": {"kind", "card"},
     "spec": {"kind", "min_memory_gb", "min_tflops", "count"},
     "cpu": {"kind"},
 }
@@ -252,7 +264,7 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         raise RequestError('options must be an object such as {"kind": "card", ...}')
     kind = options.get("kind")
     if kind not in _FIELDS:
-        raise RequestError(f"kind must be one of card, slice, spec, cpu (not {kind!r})")
+        raise RequestError(f"kind must be one of card, slice, shared, spec, cpu (not {kind!r})")
     unknown = sorted(set(options) - _FIELDS[kind])
     if unknown:
         allowed = ", ".join(sorted(_FIELDS[kind]))
@@ -274,11 +286,24 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         raise RequestError(str(e)) from None
     if kind == "card":
         return CardRequest(card.sku, _count(options))
+    if kind == "shared":
+        return SharedRequest(card.sku)
     profile = options.get("profile")
     if not isinstance(profile, str) or card.profile(profile) is None:
         names = ", ".join(p.name for p in card.mig_profiles) or "none: it has no MIG"
         raise RequestError(f"{card.sku} has no MIG profile {profile!r}; its profiles: {names}")
     return SliceRequest(card.sku, profile)
+
+
+def request_for(offering: Offering, count: int = 1) -> Request:
+    """The request that asks for exactly this offering."""
+    if offering.kind == "slice":
+        return SliceRequest(offering.card, offering.profile)
+    if offering.kind == "shared":
+        return SharedRequest(offering.card)
+    if offering.kind == "card":
+        return CardRequest(offering.card, count)
+    return CpuRequest()
 
 
 # -- placement ----------------------------------------------------------------------------
@@ -300,6 +325,8 @@ def _rank(offering: Offering, price: int) -> tuple[int, float, float, str]:
 def _fits(offering: Offering, memory_gb: float, tflops: float, count: int) -> bool:
     if offering.kind == "cpu":
         return False
+    if offering.kind == "shared":
+        return False  # nothing is guaranteed of a shared GPU
     if offering.kind == "slice" and count > 1:
         return False
     return offering.memory_gb >= memory_gb and offering.fp16_tflops >= tflops
@@ -320,7 +347,7 @@ def _alternatives(
         for key in view.keys()
         if key != exclude and key in prices and view.max_free(key) >= count
         for o in (catalog.offering(key),)
-        if o.kind != "slice" or count == 1
+        if o.kind not in ("slice", "shared") or count == 1
     ]
     fitting = [(o, p) for o, p in free if _fits(o, memory_gb, tflops, count)]
     chosen = sorted(fitting or free, key=lambda op: _rank(*op))[:limit]
@@ -370,7 +397,7 @@ def place(
             _alternatives(view, catalog, prices, 0, 0, request.count, None),
         )
 
-    if isinstance(request, SliceRequest):
+    if isinstance(request, SliceRequest | SharedRequest):
         key, count = request.key, 1
     else:
         key, count = request.card, request.count

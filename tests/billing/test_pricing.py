@@ -64,3 +64,10 @@ def test_spot_costs_the_discounted_price():
 def test_bad_spot_discounts_are_refused(bad):
     with pytest.raises(ValueError, match="spot_discount_percent"):
         make_price_book({"T4": "1.50"}, spot_discount_percent=bad)
+
+
+def test_a_shared_gpu_costs_a_share_of_the_card():
+    book = make_price_book({"T4": "1.50"}, shared_percent=25)
+    assert book.price("T4/shared") == 375_000
+    assert book.price("T4/shared", "spot") == 150_000
+    assert make_price_book({"T4": "1.50", "T4/shared": "0.50"}).price("T4/shared") == 500_000

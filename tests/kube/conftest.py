@@ -1,7 +1,7 @@
 """The whole platform on the Kubernetes backend, against the simulated cluster.
 
-Three GPU nodes, as the issue describes: 8x A100-80GB, an H100-80GB node partitioned
-all-1g.10gb (56 slices), and 4x L40S. Pods run as local processes (tests/kube_sim)."""
+GPU nodes: 8x A100-80GB, an H100-80GB node partitioned all-1g.10gb (56 slices), 4x L40S, and
+two time-sliced T4s. Pods run as local processes (tests/kube_sim)."""
 
 import sys
 from pathlib import Path
@@ -24,6 +24,18 @@ def cluster():
         c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8, cpu="128", memory="2Ti")
         c.gpu_node("gpu-h100", product="NVIDIA-H100-80GB-HBM3", gpus=8, mig="all-1g.10gb")
         c.gpu_node("gpu-l40s", product="NVIDIA-L40S", gpus=4, memory_mib=46068)
+        # two T4s time-sliced 8 ways each by the device plugin (renameByDefault)
+        c.add_node(
+            "gpu-t4-shared",
+            labels={
+                "nvidia.com/gpu.product": "Tesla-T4",
+                "nvidia.com/gpu.count": "2",
+                "nvidia.com/gpu.replicas": "8",
+                "nvidia.com/gpu.present": "true",
+            },
+            allocatable={"nvidia.com/gpu.shared": "16", "cpu": "32", "memory": "128Gi"},
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        )
         core = kube_api(c)
         core.create_namespace({"metadata": {"name": "gputap"}})
         yield c

@@ -89,6 +89,23 @@ def test_a_spec_request_gets_the_cheapest_fit(platform, cluster):
     platform.stop_server("cai")
 
 
+def test_a_shared_gpu_is_a_cheaper_option_of_its_own(platform, cluster):
+    platform.create_user("gus")
+    from tests.integration.test_form import login, row
+
+    page = login(platform, "gus").get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
+    shared = row(page, "T4/shared")
+    assert "T4 shared (time-sliced)" in shared and "16 of 16 free" in shared
+    assert "0.375/h" in shared or "0.38/h" in shared
+    r = platform.spawn("gus", {"kind": "shared", "card": "T4"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("gus")
+    pod = pod_of(cluster, "gus")
+    assert pod["spec"]["nodeName"] == "gpu-t4-shared"
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu.shared"] == "1"
+    platform.stop_server("gus")
+
+
 def test_bad_options_name_the_problem(platform):
     platform.create_user("dan")
     for options, message in [

@@ -111,3 +111,11 @@ def test_on_demand_servers_may_take_what_spot_servers_hold():
     assert inv.preemptible_view.free("A100-80GB") == 0  # on-demand is never preempted
     inv.apply_pod("DELETED", spot)
     assert inv.view.free("L40S") == inv.preemptible_view.free("L40S") == 4
+
+
+def test_time_sliced_gpus_are_offered_as_shared():
+    inv = ClusterInventory(CATALOG)
+    inv.apply_node("ADDED", node("ts", "Tesla-T4", {"nvidia.com/gpu.shared": "16"}))
+    shared = pod("p", "ts", {"nvidia.com/gpu.shared": "1"})
+    inv.apply_pod("ADDED", shared)
+    assert (inv.view.free("T4/shared"), inv.view.total("T4/shared")) == (15, 16)

@@ -234,3 +234,14 @@ def test_free_view_updates_keep_aggregates():
     assert (view.free("T4"), view.max_free("T4"), view.max_capacity("T4")) == (3, 2, 4)
     view.set("T4", "b", 0, 0)
     assert (view.total("T4"), view.max_capacity("T4")) == (4, 4)
+
+
+def test_shared_gpus_are_their_own_option_and_never_match_a_spec():
+    prices = {**PRICES, "T4/shared": 375_000}
+    view = view_of([("T4/shared", "ts", 8, 16), ("T4", "t", 0, 4)])
+    answer = place(parse_request({"kind": "shared", "card": "T4"}, CATALOG), view, CATALOG, prices)
+    assert answer.offering.key == "T4/shared" and answer.offering.kind == "shared"
+    assert answer.offering.label == "T4 shared (time-sliced)"
+    assert isinstance(place(SpecRequest(8, 10, 1), view, CATALOG, prices), Refusal)
+    with pytest.raises(RequestError, match="unknown option"):
+        parse_request({"kind": "shared", "card": "T4", "count": 2}, CATALOG)
