@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,24 @@ class Platform:
                 return
             time.sleep(0.2)
         raise AssertionError(f"{name}'s server did not stop:\n{self.log_tail()}")
+
+    def follow_progress(self, name: str, into: list[str]) -> threading.Thread:
+        """Collect the messages of a user's spawn progress stream in a thread, until the
+        spawn is ready or failed."""
+
+        def read() -> None:
+            url = f"{self.url}/hub/api/users/{name}/server/progress"
+            with self.api.get(url, stream=True, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith(b"data:"):
+                        event = json.loads(line[5:])
+                        into.append(event.get("message", ""))
+                        if event.get("ready") or event.get("failed"):
+                            return
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        return thread
 
     def server_env(self, name: str) -> dict[str, str]:
         """The environment of the user's running server process, read from /proc."""

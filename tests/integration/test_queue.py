@@ -1,23 +1,8 @@
 """Sold out: wait in line, first come first served, and start when someone stops."""
 
-import json
-import threading
 import time
 
 import requests
-
-
-def progress_messages(platform, name, into, stop_after):
-    """Collect the spawn progress event stream of a user's server."""
-    with platform.api.get(
-        f"{platform.url}/hub/api/users/{name}/server/progress", stream=True, timeout=120
-    ) as r:
-        for line in r.iter_lines():
-            if line.startswith(b"data:"):
-                event = json.loads(line[5:])
-                into.append(event.get("message", ""))
-                if stop_after(event):
-                    return
 
 
 def test_waiting_in_line_for_a_sold_out_card(platform):
@@ -30,11 +15,7 @@ def test_waiting_in_line_for_a_sold_out_card(platform):
     r = platform.spawn("first", {"kind": "card", "card": "A100-80GB", "queue": True})
     assert r.status_code == 202, r.text  # pending: waiting in line, nothing is charged
     messages: list[str] = []
-    watcher = threading.Thread(
-        target=progress_messages,
-        args=(platform, "first", messages, lambda e: e.get("ready") or e.get("failed")),
-    )
-    watcher.start()
+    watcher = platform.follow_progress("first", messages)
     deadline = time.monotonic() + 20
     while "waiting for a free A100-80GB: 1st in queue" not in messages:
         assert time.monotonic() < deadline, messages
