@@ -18,7 +18,7 @@ from hub_config.settings import load_settings
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
 from .handlers import make_handlers
-from .orm import make_engine
+from .migrate import open_database
 from .store import Store
 
 log = logging.getLogger("billing")
@@ -84,10 +84,12 @@ async def main() -> None:
     if not prefix.endswith("/"):
         prefix += "/"
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:8091"))
-    # one database thread: SQLite writes are serialised and never block the event loop
+    # one database thread: writes are serialised and never block the event loop (see
+    # docs/billing.md, "Storage", for why PostgreSQL keeps one too)
     executor = ThreadPoolExecutor(1, thread_name_prefix="billing-db")
+    # an empty database gets the schema; one at another revision refuses to start (SchemaMismatch)
     engine = await asyncio.get_running_loop().run_in_executor(
-        executor, make_engine, config.database_url
+        executor, open_database, config.database_url
     )
     store = Store(
         engine,

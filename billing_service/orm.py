@@ -36,7 +36,12 @@ NAMING_CONVENTION = {
 
 
 class UTCDateTime(TypeDecorator):
-    """Stores UTC without tzinfo (SQLite drops it) and returns aware UTC datetimes."""
+    """Stores UTC without tzinfo and returns aware UTC datetimes.
+
+    SQLite has no timezone type; on PostgreSQL the column is ``timestamp without time zone``
+    too, holding naive UTC, so both databases store the same values and one migration fits
+    both (a ``timestamptz`` would also depend on the connection's TimeZone when read raw).
+    """
 
     impl = DateTime
     cache_ok = True
@@ -101,16 +106,22 @@ class BillingSession(Base):
 
 
 def make_engine(url: str) -> Engine:
-    """Engine for ``url`` with tables created; a SQLite file's folder is created too."""
+    """Engine for ``url``; a SQLite file's folder is created too.
+
+    It creates no tables: ``migrate.open_database`` brings the schema to the migrations' head
+    or refuses a database at another revision.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
     if parsed.get_backend_name() == "sqlite":
+        engine = create_engine(url)
 
         @event.listens_for(engine, "connect")
         def _foreign_keys(dbapi_connection, _record):
             dbapi_connection.execute("PRAGMA foreign_keys=ON")
 
-    Base.metadata.create_all(engine)
+    else:
+        # a database server may close idle connections (restarts, proxies); test before use
+        engine = create_engine(url, pool_pre_ping=True)
     return engine
