@@ -1,16 +1,21 @@
 """The billing domain on the database: accounts, ledger, sessions, admission.
 
 Everything here is synchronous and takes ``now`` explicitly; the web layer runs it in a
-single-thread executor, so writes are serialised. Results are frozen records, detached
-from the database session.
+single-thread executor, so one process's writes are serialised. Writers elsewhere (another
+process on the same PostgreSQL database) are met by the unique keys: a write that loses a race
+rolls back and is run again, and then returns the winner's result. Results are frozen records,
+detached from the database session.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from .money import (
@@ -22,6 +27,8 @@ from .money import (
 )
 from .orm import Account, BillingSession, LedgerEntry
 from .pricing import PriceBook
+
+T = TypeVar("T")
 
 
 class UnknownSku(ValueError):
@@ -153,6 +160,20 @@ class Store:
         self.min_billable_seconds = min_billable_seconds
         self._sessionmaker = sessionmaker(engine, expire_on_commit=False)
 
+    def _write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in one transaction, once more if a concurrent writer took its key.
+
+        The unique keys (account username, session id, idempotency key) make the loser of a
+        race fail with IntegrityError; its rollback undoes everything it did, and the second
+        run finds the winner's rows and answers as a replay would.
+        """
+        try:
+            with self._sessionmaker.begin() as db:
+                return work(db)
+        except IntegrityError:
+            with self._sessionmaker.begin() as db:
+                return work(db)
+
     # accounts and ledger
 
     def _account(self, db: Session, username: str) -> Account | None:
@@ -198,10 +219,13 @@ class Store:
 
     def open_account(self, username: str, now: datetime) -> tuple[AccountState, bool]:
         """Open ``username``'s account with trial credit once; True when it was created."""
-        with self._sessionmaker.begin() as db:
+
+        def work(db: Session) -> tuple[AccountState, bool]:
             account, created = self._open(db, username, now)
             db.flush()
             return self._state(db, account), created
+
+        return self._write(work)
 
     def account(self, username: str) -> AccountState:
         """The account of ``username``; ``NotFound`` when it was never opened."""
@@ -215,7 +239,7 @@ class Store:
         """Every account that has at least one open session."""
         with self._sessionmaker() as db:
             ids = select(BillingSession.account_id).where(BillingSession.ended_at.is_(None))
-            accounts = db.scalars(select(Account).where(Account.id.in_(ids)))
+            accounts = db.scalars(select(Account).where(Account.id.in_(ids)).order_by(Account.id))
             return [self._state(db, account) for account in accounts]
 
     def adjust(
@@ -223,7 +247,8 @@ class Store:
     ) -> tuple[EntryRecord, bool]:
         """Credit (or debit) an account by an admin; the same key returns the first entry."""
         key = f"adjustment:{idempotency_key}"
-        with self._sessionmaker.begin() as db:
+
+        def work(db: Session) -> tuple[EntryRecord, bool]:
             existing = db.scalar(select(LedgerEntry).where(LedgerEntry.idempotency_key == key))
             if existing is not None:
                 owner = db.get(Account, existing.account_id)
@@ -242,6 +267,8 @@ class Store:
             db.add(entry)
             db.flush()
             return _entry_record(entry, username), True
+
+        return self._write(work)
 
     def entries(self, username: str) -> list[EntryRecord]:
         """The ledger of ``username``, oldest first."""
@@ -273,10 +300,13 @@ class Store:
     ) -> Admission:
         """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period."""
         price = self.price(sku, price_class)
-        with self._sessionmaker.begin() as db:
+
+        def work(db: Session) -> AccountState:
             account, _ = self._open(db, username, now)
             db.flush()
-            state = self._state(db, account)
+            return self._state(db, account)
+
+        state = self._write(work)
         rate = price * count
         needed = cost_micro(price, count, self.min_billable_seconds)
         available = state.available_at(now)
@@ -316,7 +346,8 @@ class Store:
         price_class: str = "on-demand",
     ) -> tuple[SessionRecord, bool]:
         """Record a started server with today's price; the same id returns the first record."""
-        with self._sessionmaker.begin() as db:
+
+        def work(db: Session) -> tuple[SessionRecord, bool]:
             existing = db.get(BillingSession, session_id)
             if existing is not None:
                 return _session_record(existing), False
@@ -337,10 +368,14 @@ class Store:
             db.flush()
             return _session_record(row), True
 
+        return self._write(work)
+
     def stop_session(self, session_id: str, ended_at: datetime, now: datetime) -> SessionRecord:
         """Settle a session: final seconds and cost, one charge entry. Replays change nothing."""
-        with self._sessionmaker.begin() as db:
-            row = db.get(BillingSession, session_id)
+
+        def work(db: Session) -> SessionRecord:
+            # the row lock makes a concurrent stop wait, then see this one's result
+            row = db.get(BillingSession, session_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"No session {session_id!r}; start it with POST api/sessions")
             if row.ended_at is not None:
@@ -368,6 +403,8 @@ class Store:
             )
             db.flush()
             return _session_record(row)
+
+        return self._write(work)
 
     def sessions(self, username: str | None, state: str | None = None) -> list[SessionRecord]:
         """Sessions newest first; ``username`` None means everyone, ``state`` running|ended."""
