@@ -120,6 +120,7 @@ def upgrade_database(engine: Engine) -> str:
     """
     head = head_revision()
     where = f"billing database {_display(engine)}"
+    done = []
     with engine.begin() as connection:
         found, has_tables = _state(connection)
         config = _config(connection)
@@ -140,11 +141,13 @@ def upgrade_database(engine: Engine) -> str:
                 )
             command.stamp(config, BASELINE)
             found = BASELINE
-            log.info("Stamped %s at baseline revision %s", where, BASELINE)
-        command.upgrade(config, "head")
-    before = found or "empty"
-    log.info("Upgraded %s from %s to %s", where, before, head)
-    return f"Upgraded the {where} from revision {before} to {head}."
+            done.append(f"Recorded the {where} (made before migrations) at revision {BASELINE}.")
+        if found != head:
+            command.upgrade(config, "head")
+            done.append(f"Upgraded the {where} from revision {found or 'empty'} to {head}.")
+    for line in done:
+        log.info("%s", line)
+    return " ".join(done)
 
 
 def open_database(url: str) -> Engine:
