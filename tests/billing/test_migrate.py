@@ -1,0 +1,232 @@
+"""The billing schema under Alembic: created at start-up, refused when stale, upgraded on demand."""
+
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
+
+from billing_service.migrate import (
+    SchemaMismatch,
+    _config,
+    head_revision,
+    open_database,
+    upgrade_database,
+)
+from billing_service.orm import Base, make_engine
+
+from .conftest import T0, make_store
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD = head_revision()
+
+
+def schema_diff(engine) -> list:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return compare_metadata(context, Base.metadata)
+
+
+def revision(engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def with_password(url: str) -> str:
+    """The URL with a password: PostgreSQL's trust auth ignores it, so it must never be shown."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return url
+    return parsed.set(password="s3cret").render_as_string(hide_password=False)
+
+
+def v1_database(url: str) -> None:
+    """A database as v1 made it: create_all, no alembic_version, with an account in it."""
+    engine = make_engine(url)
+    Base.metadata.create_all(engine)
+    engine.dispose()
+
+
+def run_module(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    settings = tmp_path / "settings.yaml"
+    body = {"data_dir": str(tmp_path), "billing": {"database_url": url}}
+    settings.write_text(yaml.safe_dump(body))
+    return subprocess.run(
+        [sys.executable, "-m", "billing_service", *args],
+        cwd=ROOT,
+        env={"GPUTAP_SETTINGS": str(settings), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_empty_database_is_migrated_to_head_and_usable(database_url):
+    store = make_store(database_url)
+    try:
+        assert revision(store.engine) == HEAD
+        assert schema_diff(store.engine) == []
+        state, created = store.open_account("ada", T0)
+        assert created and state.balance_micro == 10_000_000
+    finally:
+        store.engine.dispose()
+    # a second start finds it at head and keeps the rows
+    store = make_store(database_url)
+    assert store.account("ada").balance_micro == 10_000_000
+    store.engine.dispose()
+
+
+def test_v1_database_is_refused_with_the_command(database_url):
+    v1_database(database_url)
+    url = with_password(database_url)
+    with pytest.raises(SchemaMismatch) as refused:
+        open_database(url)
+    shown = make_url(url).render_as_string(hide_password=True)
+    assert str(refused.value) == (
+        f"Billing database {shown} is at schema revision none (billing tables without an "
+        f"alembic_version table), this billing_service expects {HEAD}. "
+        "Back up the database, then run: python -m billing_service upgrade-db"
+    )
+    assert "s3cret" not in str(refused.value)
+
+
+def test_unknown_revision_is_refused(database_url):
+    make_store(database_url).engine.dispose()
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'ffffffffffff'"))
+    with pytest.raises(SchemaMismatch, match="ffffffffffff, which this billing_service does not"):
+        open_database(database_url)
+    with pytest.raises(SchemaMismatch, match="cannot be upgraded by this version"):
+        upgrade_database(engine)
+    engine.dispose()
+
+
+def test_upgrade_db_keeps_rows_and_lets_the_service_start(database_url):
+    store = make_store(database_url)
+    store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
+    store.stop_session("s1", T0 + timedelta(hours=1), T0)
+    balance = store.account("ada").balance_micro
+    store.engine.dispose()
+    # back to how v1 left it: the same tables and rows, no alembic_version
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("DROP TABLE alembic_version"))
+    with pytest.raises(SchemaMismatch, match="upgrade-db"):
+        open_database(database_url)
+
+    said = upgrade_database(engine)
+    assert said.startswith("Recorded the billing database") and HEAD in said
+    assert upgrade_database(engine).endswith(f"already at revision {HEAD}; nothing to do.")
+    engine.dispose()
+    store = make_store(database_url)
+    assert store.account("ada").balance_micro == balance == 5_000_000
+    assert [e.kind for e in store.entries("ada")] == ["trial", "charge"]
+    store.engine.dispose()
+
+
+def test_v1_database_without_price_class_is_not_stamped(database_url):
+    v1_database(database_url)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(text("ALTER TABLE sessions DROP COLUMN price_class"))
+    with pytest.raises(SchemaMismatch, match="lacks sessions.price_class"):
+        upgrade_database(engine)
+    assert "alembic_version" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_upgrade_db_command_and_refused_start(database_url, tmp_path):
+    v1_database(database_url)
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO accounts (username, created_at) VALUES ('ada', :t)"),
+            {"t": T0.replace(tzinfo=None)},
+        )
+    engine.dispose()
+
+    started = run_module(database_url, tmp_path)
+    assert started.returncode == 1
+    assert "Back up the database, then run: python -m billing_service upgrade-db" in started.stderr
+
+    upgraded = run_module(database_url, tmp_path, "upgrade-db")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert upgraded.stdout.strip() == (
+        f"Recorded the billing database {make_url(database_url).render_as_string()} "
+        f"(made before migrations) at revision {HEAD}."
+    )
+    store = make_store(database_url)
+    assert store.account("ada").balance_micro == 0
+    store.engine.dispose()
+
+
+def test_migrations_round_trip(database_url):
+    engine = open_database(database_url)
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    assert revision(engine) is None
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), "head")
+    assert revision(engine) == HEAD and schema_diff(engine) == []
+    engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_concurrent_start_and_stop_settle_once(database_url):
+    stores = [make_store(database_url) for _ in range(2)]
+    rounds = 20
+    try:
+        for n in range(rounds):
+            start_and_stop_at_once(stores, f"s{n}", f"user{n}")
+        assert len(stores[0].sessions(None)) == rounds
+    finally:
+        for store in stores:
+            store.engine.dispose()
+
+
+def start_and_stop_at_once(stores, session_id: str, user: str) -> None:
+    """Both stores start a new user's session, then stop it, each pair at the same instant."""
+    started = race(
+        stores, lambda s, _: s.start_session(session_id, user, "", "RTX-4090", 1, T0, T0)
+    )
+    assert sorted(created for _, created in started) == [False, True]
+    assert started[0][0] == started[1][0]
+    # different end times: whichever settles first is the answer both get
+    stopped = race(stores, lambda s, i: s.stop_session(session_id, T0 + timedelta(hours=1 + i), T0))
+    assert stopped[0] == stopped[1]
+    assert len(stores[1].sessions(user)) == 1
+    entries = stores[0].entries(user)
+    assert [e.kind for e in entries] == ["trial", "charge"]
+    assert entries[1].amount_micro == -stopped[0].cost_micro
+
+
+def race(stores, call):
+    """``call(store, i)`` for each store on its own thread, released together; their results."""
+    barrier = threading.Barrier(len(stores))
+    results: list = [None] * len(stores)
+    errors: list = []
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = call(stores[i], i)
+        except Exception as e:  # the assertion below shows it
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    return results
