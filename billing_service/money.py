@@ -10,6 +10,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 MICRO = 1_000_000
+#: a billion credits: beyond any real amount, and far inside a 64-bit column
+MAX_MICRO = 10**9 * MICRO
 SECONDS_PER_HOUR = 3600
 
 
@@ -30,6 +32,8 @@ def parse_credits(value: object, field: str = "amount") -> int:
     micro = amount * MICRO
     if micro != micro.to_integral_value():
         raise ValueError(f"{field} has more than 6 decimals: {value!r}")
+    if abs(micro) > MAX_MICRO:
+        raise ValueError(f"{field} must be at most {MAX_MICRO // MICRO} credits, not {value!r}")
     return int(micro)
 
 

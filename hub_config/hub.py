@@ -93,6 +93,19 @@ def apply(c: Any, settings: Settings) -> None:
     c.GPUSpawnerMixin.catalog_cards = settings.catalog.get("cards") or {}
     c.GPUSpawnerMixin.queue_timeout = int(spawner.get("queue_timeout", 3600))
     backend = spawner.get("backend", "local")
+    github = (hub.get("github") or {}).get("client_id")
+    if (
+        backend == "local"
+        and github
+        and not spawner.get("run_as_system_user")
+        and not spawner.get("allow_shared_unix_user")
+    ):
+        raise SettingsError(
+            "GitHub login with the local backend lets anyone with a GitHub account run code as "
+            "the hub's own Unix user (reading every home and the databases). Set "
+            "spawner.run_as_system_user: true (one Unix account per user), or "
+            "spawner.allow_shared_unix_user: true if every user is trusted."
+        )
     if backend == "local":
         _local_backend(c, spawner)
     elif backend == "kubernetes":

@@ -268,41 +268,77 @@ class GPUSpawnerMixin(LoggingConfigurable):
     async def place_or_wait(
         self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
     ) -> Placement:
-        """Place now, or, when the user asked to wait, wait first come first served.
+        """Place now, or, when the user asked to wait, wait first come first served (at most
+        queue_timeout seconds).
 
         Returns without yielding to the event loop after the decision, so the caller takes
         the devices (or reserves the units) before any other spawn can decide.
         """
         request, holder = options.request, self._log_name
         wanted = _wanted_key(request)
+        deadline = asyncio.get_running_loop().time() + self.queue_timeout
         try:
             while True:
-                view = free_view()
-                line = _queues.waiting(wanted) if wanted else 0
-                if line and not _queues.is_head(holder, wanted):
-                    label = self.catalog.offering(wanted).label
-                    answer: Placement | Refusal = Refusal(
-                        f"No {label} free for you now: {line} waiting before you"
-                    )
-                else:
-                    answer = self.decide(request, view, prices)
+                answer = self._decide_in_turn(request, holder, wanted, free_view(), prices)
                 if isinstance(answer, Placement):
                     return answer
                 if not options.queue or wanted is None:
                     hint = " Ask to wait in the queue, or pick" if wanted else " Pick"
                     raise web.HTTPError(409, f"{answer.message}{hint} a free option.")
                 waiter = _queues.join_if_absent(holder, wanted, _count(request))
+                label = self.catalog.offering(wanted).label
                 self.queue_note = (
-                    f"waiting for a free {self.catalog.offering(wanted).label}: "
-                    f"{ordinal(_queues.position(holder))} in queue"
+                    f"waiting for a free {label}: {ordinal(_queues.position(holder))} in queue"
                 )
                 self.log.info("%s: %s", holder, self.queue_note)
                 waiter.woken.clear()
-                await waiter.woken.wait()
+                remaining = deadline - asyncio.get_running_loop().time()
+                try:
+                    async with asyncio.timeout(max(0, remaining)):
+                        await waiter.woken.wait()
+                except TimeoutError:
+                    raise web.HTTPError(
+                        409,
+                        f"Still no {label} free after waiting {self.queue_timeout // 60} "
+                        "minutes; pick another option or try again later.",
+                    ) from None
         finally:
             _queues.leave(holder)
             self.queue_note = ""
-            _queues.poke(free_view())  # the next in line may fit in what is left
+            self.wake_queue()  # the next in line may fit in what is left
+
+    def _decide_in_turn(
+        self,
+        request: Request,
+        holder: str,
+        wanted: str | None,
+        view: FreeView,
+        prices: dict[str, int],
+    ) -> Placement | Refusal:
+        """Decide, never taking what others wait in line for (nobody jumps the line, spec
+        requests included)."""
+        line = _queues.waiting(wanted) if wanted else 0
+        if line and not _queues.is_head(holder, wanted):
+            label = self.catalog.offering(wanted).label
+            return Refusal(f"No {label} free for you now: {line} waiting before you")
+        answer = self.decide(request, view, prices)
+        if isinstance(answer, Placement) and wanted is None:
+            waiting = _queues.waiting(answer.offering.key)
+            if waiting:
+                return Refusal(
+                    f"The {answer.offering.label} that fits is promised to "
+                    f"{waiting} waiting in line"
+                )
+        return answer
+
+    def wake_queue(self) -> None:
+        """Wake whoever is first in line if what they wait for fits now (backends say
+        what is free: on Kubernetes, what an on-demand server could take)."""
+        _queues.poke(self.queue_view())
+
+    def queue_view(self) -> FreeView:
+        """What waiting spawns may take; backends override (the mixin knows no inventory)."""
+        return FreeView()
 
     async def progress(self):
         """Spawn progress: where the spawn stands in the queue, what it was matched to."""
@@ -313,10 +349,6 @@ class GPUSpawnerMixin(LoggingConfigurable):
                 shown = note
                 yield {"progress": 10 if self.queue_note else 30, "message": note}
             await asyncio.sleep(0.5)
-
-    def inventory_changed(self, view: FreeView) -> None:
-        """Backends call this when devices free up: wake whoever is first in line."""
-        _queues.poke(view)
 
     async def preview(self, options: dict[str, Any]) -> dict[str, Any]:
         """Which card a request would get now, without taking anything."""
@@ -332,6 +364,34 @@ class GPUSpawnerMixin(LoggingConfigurable):
             return {"ok": False, "message": str(e)[:1].upper() + str(e)[1:] + "."}
         return preview_answer(answer, simulated)
 
+    async def open_billing_session(
+        self, record: dict[str, Any], started_at: datetime, price_class: str = "on-demand"
+    ) -> None:
+        """Start metering ``record`` (session_id, offering, count) at ``started_at``.
+
+        ``started_at`` goes into the record first: if the call fails or is cancelled after
+        billing stored the session, settle_billing_session closes it at zero seconds."""
+        record["started_at"] = started_at.isoformat()
+        await self.billing.start_session(
+            record["session_id"],
+            self.user.name,
+            self.name,
+            record["offering"],
+            record["count"],
+            started_at,
+            price_class,
+        )
+
+    async def settle_billing_session(
+        self, record: dict[str, Any] | None, ended_at: datetime
+    ) -> dict[str, Any] | None:
+        """Close the record's session at ``ended_at`` (never before it started; clocks of
+        nodes and hub may differ). Records that never started metering are skipped."""
+        if not record or "started_at" not in record:
+            return None
+        started_at = datetime.fromisoformat(record["started_at"])
+        return await self.close_billing_session(record["session_id"], max(ended_at, started_at))
+
     async def close_billing_session(
         self, session_id: str, ended_at: datetime
     ) -> dict[str, Any] | None:
@@ -340,6 +400,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
         try:
             return await self.billing.stop_session(session_id, ended_at)
         except BillingRefused as e:
+            if e.status == 404:  # the start never reached billing: nothing to close
+                return None
             self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
         except BillingUnavailable as e:
             self.log.warning("%s: closing %s later: %s", self._log_name, session_id, e)

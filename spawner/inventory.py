@@ -208,6 +208,12 @@ class DevicePool:
                 self.holder[device_uuid] = holder
         return problems
 
+    def rename(self, holder: str, new_holder: str) -> None:
+        """Keep a holder's devices taken under another name (a process that never died)."""
+        for device_uuid, name in self.holder.items():
+            if name == holder:
+                self.holder[device_uuid] = new_holder
+
     def release(self, holder: str) -> list[str]:
         released = [u for u, h in self.holder.items() if h == holder]
         for device_uuid in released:

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.clients import shared_client
+from tornado import web
 from traitlets import Integer, Unicode
 
 from .base import GPUSpawnerMixin, billing_unavailable, utcnow
@@ -90,6 +91,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     gpu: dict[str, Any] | None = None
     _configured: dict[str, Any] | None = None
     _pod_requested = False
+    _starting = False
     _stop_requested: datetime | None = None
 
     @property
@@ -110,13 +112,23 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             if watcher is None:
                 await self._ensure_priority_classes()
                 watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
-                watcher.on_change.append(
-                    lambda _view: self.inventory_changed(watcher.inventory.preemptible_view)
-                )
+                watcher.on_change.append(lambda _view: self.wake_queue())
                 watcher.start()
                 _watchers[loop] = watcher
-        await watcher.ready()
+        try:
+            async with asyncio.timeout(self.k8s_api_request_retry_timeout):
+                await watcher.ready()
+        except TimeoutError:
+            raise web.HTTPError(
+                503,
+                "The cluster's GPU inventory could not be read from the Kubernetes API; "
+                "try again in a minute, and tell an operator if it persists.",
+            ) from None
         return watcher
+
+    def queue_view(self) -> FreeView:
+        watcher = _watchers.get(asyncio.get_running_loop())
+        return watcher.inventory.preemptible_view if watcher else FreeView()
 
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
         """What an on-demand server could get now (spot servers make way for it)."""
@@ -176,26 +188,42 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if options.spot:
             prices = await self._spot_prices(prices)
         # spot servers take only what is free; on-demand ones may preempt spot servers
-        if options.spot:
-            answer = await self.place_or_wait(options, lambda: inventory.view, prices)
-        else:
-            answer = await self.place_or_wait(options, lambda: inventory.preemptible_view, prices)
+        view = (lambda: inventory.view) if options.spot else (lambda: inventory.preemptible_view)
+        answer = await self.place_or_wait(options, view, prices)
         # no await since the decision: reserve before any other spawn decides
+        self.gpu = {
+            "session_id": str(uuid.uuid4()),
+            "offering": answer.offering.key,
+            "count": answer.count,
+            "node": answer.node,
+            "price_class": price_class,
+        }
+        reservation = f"{self.holder}#{self.gpu['session_id']}"
         if answer.offering.kind != "cpu":
-            inventory.reserve(self.holder, answer.offering.key, answer.node, answer.count)
+            inventory.reserve(reservation, answer.offering.key, answer.node, answer.count)
+        self._starting = True
         try:
-            return await self._start_placed(answer, price_class, watcher)
+            return await self._start_placed(answer, price_class, watcher, reservation)
         except BaseException:
-            inventory.release(self.holder)
-            self.inventory_changed(inventory.preemptible_view)
+            record, self.gpu = self.gpu, None
+            inventory.release(reservation)
+            self.wake_queue()
+            if record and "started_at" in record:  # metering may have begun: zero seconds
+                await self.settle_billing_session(
+                    record, datetime.fromisoformat(record["started_at"])
+                )
             raise
+        finally:
+            self._starting = False
 
     async def _spot_prices(self, prices: dict[str, int]) -> dict[str, int]:
         """Spot prices for ranking a spot request (billing owns the discount)."""
         _, discount = await self.price_book_for(FreeView())
         return {k: (2 * v * (100 - discount) + 100) // 200 for k, v in prices.items()}
 
-    async def _start_placed(self, answer: Placement, price_class: str, watcher: ClusterWatcher):
+    async def _start_placed(
+        self, answer: Placement, price_class: str, watcher: ClusterWatcher, reservation: str
+    ):
         node = watcher.inventory.nodes.get(answer.node) if answer.node else None
         settings = gpu_pod_settings(
             answer,
@@ -203,9 +231,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             username=self.user.name,
             server_name=self.name,
             product=node.product if node else None,
+            hostname=node.hostname if node else None,
             price_class=price_class,
         )
-        settings["extra_annotations"][RESERVATION_ANNOTATION] = self.holder
+        settings["extra_annotations"][RESERVATION_ANNOTATION] = reservation
         self._apply_gpu_settings(settings)
         self.priority_class_name = (
             self.spot_priority_class if price_class == "spot" else self.on_demand_priority_class
@@ -214,32 +243,15 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         self.progress_note = f"matched {answer.offering.label}{where}"
         self.log.info("%s: %s (%s)", self.holder, self.progress_note, price_class)
         await self.admit(answer, price_class)
-        self.gpu = {
-            "session_id": str(uuid.uuid4()),
-            "offering": answer.offering.key,
-            "count": answer.count,
-            "node": answer.node,
-            "price_class": price_class,
-        }
         self.notice = ""
         self._pod_requested = True
         url = await super()._start()
         started_at = self._container_started(watcher) or utcnow()
         try:
-            await self.billing.start_session(
-                self.gpu["session_id"],
-                self.user.name,
-                self.name,
-                answer.offering.key,
-                answer.count,
-                started_at,
-                price_class,
-            )
+            await self.open_billing_session(self.gpu, started_at, price_class)
         except (BillingUnavailable, BillingRefused) as e:
             await KubeSpawner.stop(self, now=True)
-            self.gpu = None
             raise billing_unavailable(e) from None
-        self.gpu["started_at"] = started_at.isoformat()
         return url
 
     def _container_started(self, watcher: ClusterWatcher) -> datetime | None:
@@ -268,28 +280,33 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     # -- stopping -------------------------------------------------------------------------
 
     async def stop(self, now: bool = False) -> None:
+        if self._starting:
+            # KubeSpawner deletes a conflicting pod in the middle of a start: not a user stop
+            return await KubeSpawner.stop(self, now=now)
         self._stop_requested = requested = utcnow()
         record = self.gpu
         try:
             await super().stop(now=now)
         finally:
+            # even if deleting the pod failed, the user has lost the server: billing ends now
             self._stop_requested = None
             self._pod_requested = False
-        if record is not None:
-            self.gpu = None
-            await self._finish(record, requested)
+            if record is not None:
+                self.gpu = None
+                await self._finish(record, requested)
 
     async def _finish(self, record: dict[str, Any], requested: datetime) -> None:
         """Close billing at the earlier of the stop request and the pod's end."""
         watcher = _watchers.get(asyncio.get_running_loop())
         ended = watcher.ended.pop(self.pod_key, None) if watcher else None
         if watcher:
-            watcher.inventory.release(self.holder)
-        if "started_at" not in record:
-            return
-        ended_at = min(requested, ended) if ended else requested
-        result = await self.close_billing_session(record["session_id"], ended_at)
-        billed = result.get("billed_seconds") if result else "(pending)"
+            watcher.inventory.release(f"{self.holder}#{record['session_id']}")
+        reason = self._preemption(record)
+        if reason:
+            self.notice = reason
+            self.log.info("%s: %s", self.holder, reason)
+        result = await self.settle_billing_session(record, min(requested, ended or requested))
+        billed = result.get("billed_seconds") if result else "(none)"
         self.log.info("%s: stopped; billed %s s", self.holder, billed)
 
     async def poll(self):
@@ -298,10 +315,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if status is not None and record is not None and self._stop_requested is None:
             # gone without a stop (preempted, crashed): the hub will not call stop()
             self.gpu = None
-            reason = self._preemption(record)
-            if reason:
-                self.notice = reason
-                self.log.info("%s: %s", self.holder, reason)
             await self._finish(record, utcnow())
         return status
 

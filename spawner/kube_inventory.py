@@ -24,6 +24,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: annotation naming the reservation a pod fulfils (set by the spawner)
 RESERVATION_ANNOTATION = "gputap.io/reservation"
@@ -47,6 +48,7 @@ class NodeGPUs:
     resources: dict[str, tuple[str, int]] = field(default_factory=dict)
     schedulable: bool = True
     product: str | None = None
+    hostname: str | None = None
 
 
 def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
@@ -54,7 +56,10 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
     meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
     product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
     result = NodeGPUs(
-        meta["name"], schedulable=not spec.get("unschedulable", False), product=product
+        meta["name"],
+        schedulable=not spec.get("unschedulable", False),
+        product=product,
+        hostname=(meta.get("labels") or {}).get(HOSTNAME_LABEL),
     )
     card = catalog.card_for_product(product) if product else None
     if card is None:

@@ -24,7 +24,13 @@ from typing import Any
 from kubespawner.slugs import is_valid_label, safe_slug
 
 from .catalog import Catalog
-from .kube_inventory import GPU_RESOURCE, MIG_PREFIX, PRODUCT_LABEL, SHARED_RESOURCE
+from .kube_inventory import (
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    MIG_PREFIX,
+    PRODUCT_LABEL,
+    SHARED_RESOURCE,
+)
 from .placement import Placement
 
 PREFIX = "gputap.io/"
@@ -52,14 +58,17 @@ def gpu_pod_settings(
     username: str,
     server_name: str = "",
     product: str | None = None,
+    hostname: str | None = None,
     price_class: str = "on-demand",
     course: str = "",
 ) -> dict[str, Any]:
     """KubeSpawner settings for a placement.
 
-    ``product`` is the GFD product label of the chosen node: the pod is pinned to nodes with
-    that product (a node selector), and tolerates the GPU taint. CPU and memory guarantees
-    come from the card's catalog entry, per GPU (a slice counts as its share of a card).
+    ``product`` is the GFD product label of the chosen node and ``hostname`` its
+    ``kubernetes.io/hostname``: the pod is pinned to that node (node selectors on both, so the
+    scheduler binds it where its GPUs were reserved), and tolerates the GPU taint. CPU and
+    memory guarantees come from the card's catalog entry, per GPU (a slice counts as its share
+    of a card).
     """
     if price_class not in ("on-demand", "spot"):
         raise ValueError(f"price_class must be on-demand or spot, not {price_class!r}")
@@ -98,7 +107,7 @@ def gpu_pod_settings(
     settings.update(
         extra_resource_limits={resource: str(placement.count)},
         extra_resource_guarantees={resource: str(placement.count)},
-        node_selector={PRODUCT_LABEL: product},
+        node_selector={PRODUCT_LABEL: product, **({HOSTNAME_LABEL: hostname} if hostname else {})},
         tolerations=list(GPU_TOLERATIONS),
         cpu_guarantee=round(card.cpu_per_gpu * units, 2),
         mem_guarantee=f"{max(1, round(card.memory_gb_per_gpu * units))}G",

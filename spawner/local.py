@@ -136,6 +136,10 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 self.log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
             return _pools[key]
 
+    def queue_view(self) -> FreeView:
+        pool = _pools.get((self.inventory, self.inventory_file))
+        return pool.free_view() if pool else FreeView()
+
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
         pool = await self.pool()
         return pool.free_view(), pool.simulated
@@ -202,21 +206,12 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             await self.admit(answer)
             ip, port = await super().start()
             await self._wait_up(ip, port)
-            started_at = utcnow()
-            await self.billing.start_session(
-                self.gpu["session_id"],
-                self.user.name,
-                self.name,
-                self.gpu["offering"],
-                self.gpu["count"],
-                started_at,
-            )
+            await self.open_billing_session(self.gpu, utcnow())
         except BaseException as e:
             await self._abort_start()
             if isinstance(e, BillingUnavailable | BillingRefused):
                 raise billing_unavailable(e) from None
             raise
-        self.gpu["started_at"] = started_at.isoformat()
         self.log.info("%s: up, billing session %s started", self.holder, self.gpu["session_id"])
         return ip, port
 
@@ -240,25 +235,36 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         raise TimeoutError(f"{self.holder} did not answer within {self.http_timeout} s")
 
     async def _abort_start(self) -> None:
+        record, self.gpu = self.gpu, None
         if self.pid:
             await LocalProcessSpawner.stop(self, now=True)
         pool = await self.pool()
         released = pool.release(self.holder)
         self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
-        self.inventory_changed(pool.free_view())
-        self.gpu = None
+        self.wake_queue()
+        if record and "started_at" in record:  # metering may have begun: zero seconds
+            await self.settle_billing_session(record, datetime.fromisoformat(record["started_at"]))
 
-    async def _finish(self, record: dict[str, Any] | None, ended_at: datetime) -> None:
-        """End billing at ``ended_at`` and free the devices (after stop or death)."""
+    async def _finish(
+        self, record: dict[str, Any] | None, ended_at: datetime, release: bool = True
+    ) -> None:
+        """End billing at ``ended_at`` and free the devices (after stop or death).
+
+        ``release=False`` keeps the devices held under a name of their own: a process that
+        never died may still be using its GPU."""
         pool = await self.pool()
-        released = pool.release(self.holder)
-        self.inventory_changed(pool.free_view())
+        if release:
+            released = pool.release(self.holder)
+            self.wake_queue()
+        else:
+            released = []
+            pool.rename(self.holder, f"{self.holder} (pid {self.pid} never died)")
         if record is None or "started_at" not in record:
             return
         if record["session_id"] == self._closed_session:
             return
         self._closed_session = record["session_id"]
-        result = await self.close_billing_session(record["session_id"], ended_at)
+        result = await self.settle_billing_session(record, ended_at)
         billed = result.get("billed_seconds") if result else "(pending)"
         devices = ",".join(released) or "no GPU"
         self.log.info("%s: stopped; billed %s s, released %s", self.holder, billed, devices)
@@ -271,10 +277,12 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         try:
             await super().stop(now=now)  # polls while waiting: poll() may settle first
         finally:
+            # even if stopping failed the user has lost the server: billing ends now
             requested, self._stop_requested = self._stop_requested, None
-        if record is not None and self.gpu is not None:
-            self.gpu = None
-            await self._finish(record, requested)
+            if record is not None and self.gpu is not None:
+                self.gpu = None
+                alive = bool(self.pid) and await self._signal(0)
+                await self._finish(record, requested, release=not alive)
 
     async def poll(self):
         record = self.gpu

@@ -263,7 +263,7 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
     if not isinstance(options, Mapping):
         raise RequestError('options must be an object such as {"kind": "card", ...}')
     kind = options.get("kind")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:
         raise RequestError(f"kind must be one of card, slice, shared, spec, cpu (not {kind!r})")
     unknown = sorted(set(options) - _FIELDS[kind])
     if unknown:

@@ -15,6 +15,8 @@ class PlacementPreviewHandler(BaseHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        if self.current_user.kind != "user":
+            raise web.HTTPError(403, "The spawn preview is for users, not services")
         options = {
             "kind": "spec",
             "min_memory_gb": self.get_argument("min_memory_gb", "0"),

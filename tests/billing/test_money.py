@@ -84,3 +84,8 @@ def test_format_duration():
     assert format_duration(60) == "1 minute"
     assert format_duration(7200) == "2 hours"
     assert format_duration(90) == "90 seconds"
+
+
+def test_absurd_amounts_are_refused():
+    with pytest.raises(ValueError, match="at most 1000000000 credits"):
+        parse_credits("1E+30")

@@ -44,7 +44,10 @@ def test_two_a100s_land_on_the_a100_node_with_the_right_pod(platform, cluster):
     assert spec["nodeName"] == "gpu-a100"
     container = spec["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert spec["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "kubernetes.io/hostname": "gpu-a100",  # where its GPUs were reserved
+    }
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]

@@ -11,7 +11,11 @@ CATALOG = Catalog.load()
 def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
     placement = Placement(CATALOG.offering("A100-80GB"), 2, "gpu-a100", 8_000_000)
     assert gpu_pod_settings(
-        placement, CATALOG, username="alice", product="NVIDIA-A100-SXM4-80GB"
+        placement,
+        CATALOG,
+        username="alice",
+        product="NVIDIA-A100-SXM4-80GB",
+        hostname="gpu-a100",
     ) == {
         "extra_labels": {
             "gputap.io/user": "alice",
@@ -28,7 +32,10 @@ def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
         },
         "extra_resource_limits": {"nvidia.com/gpu": "2"},
         "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
-        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        "node_selector": {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "kubernetes.io/hostname": "gpu-a100",
+        },
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "cpu_guarantee": 16.0,
         "mem_guarantee": "240G",

@@ -245,3 +245,9 @@ def test_shared_gpus_are_their_own_option_and_never_match_a_spec():
     assert isinstance(place(SpecRequest(8, 10, 1), view, CATALOG, prices), Refusal)
     with pytest.raises(RequestError, match="unknown option"):
         parse_request({"kind": "shared", "card": "T4", "count": 2}, CATALOG)
+
+
+@pytest.mark.parametrize("kind", [["card"], {"a": 1}, 3, None])
+def test_a_kind_that_is_not_a_name_is_a_clear_error(kind):
+    with pytest.raises(RequestError, match="kind must be one of"):
+        parse_request({"kind": kind}, CATALOG)

@@ -38,3 +38,18 @@ def test_environment_keys_match_existing_keys_whatever_their_case(tmp_path):
     assert s.billing["prices"]["T4"] == 1.25
     assert "t4" not in s.billing["prices"]
     assert s.hub["new_key"] == "x"
+
+
+def test_github_login_on_one_machine_needs_separate_unix_users(tmp_path):
+    from traitlets.config import Config
+
+    from hub_config.hub import apply
+
+    f = tmp_path / "g.yaml"
+    f.write_text(f"data_dir: {tmp_path}\nhub:\n  github:\n    client_id: abc\n")
+    with pytest.raises(SettingsError, match="run_as_system_user: true"):
+        apply(Config(), load_settings(f, environ={}))
+    c = Config()
+    apply(c, load_settings(f, environ={"GPUTAP__SPAWNER__RUN_AS_SYSTEM_USER": "true"}))
+    assert c.JupyterHub.authenticator_class == "github"
+    assert c.GPULocalSpawner.run_as_system_user is True
