@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -15,10 +16,12 @@ from tornado import web
 
 from hub_config.settings import load_settings
 
+from . import clock
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
 from .handlers import make_handlers
 from .migrate import open_database
+from .reconcile import Reconciler
 from .store import Store
 
 log = logging.getLogger("billing")
@@ -107,10 +110,17 @@ async def main() -> None:
             executor, store.accounts_with_running_sessions
         )
 
-    enforcer = Enforcer(
-        load_accounts,
-        api_url=os.environ["JUPYTERHUB_API_URL"],
-        api_token=os.environ["JUPYTERHUB_API_TOKEN"],
-        interval_seconds=config.enforce_interval_seconds,
+    async def close_session(session_id: str, ended_at: datetime):
+        return await asyncio.get_running_loop().run_in_executor(
+            executor, store.stop_session, session_id, ended_at, clock.utcnow()
+        )
+
+    hub = {
+        "api_url": os.environ["JUPYTERHUB_API_URL"],
+        "api_token": os.environ["JUPYTERHUB_API_TOKEN"],
+    }
+    enforcer = Enforcer(load_accounts, interval_seconds=config.enforce_interval_seconds, **hub)
+    reconciler = Reconciler(
+        load_accounts, close_session, interval_seconds=config.reconcile_interval_seconds, **hub
     )
-    await enforcer.run()
+    await asyncio.gather(enforcer.run(), reconciler.run())

@@ -18,6 +18,7 @@ class BillingConfig:
     trial_credit_micro: int
     min_billable_seconds: int
     enforce_interval_seconds: float
+    reconcile_interval_seconds: float
     price_book: PriceBook
 
 
@@ -26,6 +27,13 @@ def _positive_int(section: Mapping[str, object], key: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"billing.{key} must be an integer >= {minimum}, not {value!r}")
     return value
+
+
+def _positive_number(section: Mapping[str, object], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"billing.{key} must be a positive number, not {value!r}")
+    return float(value)
 
 
 def billing_config(section: Mapping[str, object]) -> BillingConfig:
@@ -47,6 +55,7 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         trial_credit_micro=trial,
         min_billable_seconds=_positive_int(section, "min_billable_seconds", 1),
         enforce_interval_seconds=float(interval),
+        reconcile_interval_seconds=_positive_number(section, "reconcile_interval_seconds", 30),
         price_book=make_price_book(
             section.get("prices") or {},
             section.get("spot_discount_percent", 60),

@@ -1,0 +1,134 @@
+"""Reconciliation with the hub: close sessions whose server the hub no longer runs.
+
+The spawner settles each session itself when its server stops. This catches what that
+misses, such as a stop whose settle call never arrived (billing was down, then the hub
+restarted and forgot to retry). The rule, also in docs/billing.md:
+
+- a session whose server the hub reports neither running nor starting, at two checks in a
+  row, is closed;
+- at the last time this billing process saw the hub report it, or at its start if it never
+  did (billing does not charge time it cannot vouch for);
+- a pass that cannot read the hub closes nothing.
+
+:func:`sessions_to_close` is the pure decision; :class:`Reconciler` runs it periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from . import clock
+from .store import AccountState, SessionRecord
+
+log = logging.getLogger("billing.reconcile")
+
+#: checks in a row a server must be missing before its session is closed
+MISSING_CHECKS = 2
+
+
+def sessions_to_close(
+    sessions: Iterable[SessionRecord],
+    present: set[tuple[str, str]],
+    seen: dict[str, datetime],
+    missing: dict[str, int],
+    now: datetime,
+) -> list[tuple[SessionRecord, datetime]]:
+    """Update ``seen`` / ``missing`` from one look at the hub; return (session, end) pairs."""
+    close = []
+    open_ids = set()
+    for session in sessions:
+        open_ids.add(session.id)
+        if (session.username, session.server_name) in present:
+            seen[session.id] = now
+            missing.pop(session.id, None)
+            continue
+        missing[session.id] = missing.get(session.id, 0) + 1
+        if missing[session.id] >= MISSING_CHECKS:
+            ended_at = max(seen.get(session.id, session.started_at), session.started_at)
+            close.append((session, ended_at))
+    for gone in [sid for sid in seen if sid not in open_ids]:
+        del seen[gone]
+    for gone in [sid for sid in missing if sid not in open_ids]:
+        del missing[gone]
+    return close
+
+
+class Reconciler:
+    """Periodic reconciliation against the hub's REST API."""
+
+    def __init__(
+        self,
+        load_accounts: Callable[[], Awaitable[list[AccountState]]],
+        close_session: Callable[[str, datetime], Awaitable[SessionRecord]],
+        *,
+        api_url: str,
+        api_token: str,
+        interval_seconds: float,
+        http_client: AsyncHTTPClient | None = None,
+    ) -> None:
+        self.load_accounts = load_accounts
+        self.close_session = close_session
+        self.api_url = api_url.rstrip("/")
+        self._api_token = api_token
+        self.interval_seconds = interval_seconds
+        self.http_client = http_client or AsyncHTTPClient()
+        self.seen: dict[str, datetime] = {}
+        self.missing: dict[str, int] = {}
+
+    async def servers_of(self, username: str) -> set[str]:
+        """Names of the user's servers the hub has (running or starting); raises when the
+        hub cannot say."""
+        request = HTTPRequest(
+            f"{self.api_url}/users/{quote(username, safe='')}",
+            headers={"Authorization": f"token {self._api_token}"},
+        )
+        try:
+            response = await self.http_client.fetch(request)
+        except HTTPClientError as e:
+            if e.code == 404:
+                return set()
+            raise
+        return set((json.loads(response.body).get("servers") or {}).keys())
+
+    async def check(self, now: datetime | None = None) -> list[SessionRecord]:
+        """One pass; returns the sessions it closed."""
+        accounts = await self.load_accounts()
+        sessions = [s for account in accounts for s in account.running]
+        present: set[tuple[str, str]] = set()
+        try:
+            for username in {s.username for s in sessions}:
+                present |= {(username, name) for name in await self.servers_of(username)}
+        except (HTTPClientError, OSError) as e:
+            log.warning("Reconciliation skipped: cannot read servers from the hub: %s", e)
+            return []
+        now = now or clock.utcnow()
+        closed = []
+        for session, ended_at in sessions_to_close(sessions, present, self.seen, self.missing, now):
+            record = await self.close_session(session.id, ended_at)
+            log.info(
+                "Reconciliation: closed session %s of %s/%s at %s (%s s): the hub no longer "
+                "runs that server",
+                session.id,
+                session.username,
+                session.server_name,
+                ended_at.isoformat(),
+                record.billed_seconds,
+            )
+            closed.append(record)
+        return closed
+
+    async def run(self) -> None:
+        """Check forever, every ``interval_seconds``; one failing pass does not end it."""
+        while True:
+            await asyncio.sleep(self.interval_seconds)
+            try:
+                await self.check()
+            except Exception:
+                log.exception("Reconciliation pass failed; trying again next interval")

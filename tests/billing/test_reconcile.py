@@ -1,0 +1,42 @@
+from datetime import timedelta
+
+from billing_service.reconcile import sessions_to_close
+from billing_service.store import SessionRecord
+
+from .conftest import T0
+
+
+def session(sid, user="ann", server="", started=T0):
+    return SessionRecord(sid, user, server, "T4", 1, 1_500_000, started, None, None, None)
+
+
+def test_a_server_missing_twice_is_closed_when_last_seen():
+    s = session("s1")
+    seen, missing = {}, {}
+    assert sessions_to_close([s], {("ann", "")}, seen, missing, T0 + timedelta(seconds=30)) == []
+    assert sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=60)) == []
+    closed = sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=90))
+    assert closed == [(s, T0 + timedelta(seconds=30))]
+
+
+def test_a_server_never_seen_is_closed_at_its_start_and_a_returning_one_is_kept():
+    never = session("s2", user="bob")
+    back = session("s3", user="cid")
+    seen, missing = {}, {}
+    sessions_to_close([never, back], set(), seen, missing, T0 + timedelta(seconds=10))
+    # cid's server shows up again (it was starting): nothing is closed for it
+    closed = sessions_to_close(
+        [never, back], {("cid", "")}, seen, missing, T0 + timedelta(seconds=20)
+    )
+    assert closed == [(never, T0)]
+    assert "s3" not in missing
+
+
+def test_named_servers_are_told_apart_and_closed_sessions_forgotten():
+    a, b = session("a", server="exp"), session("b", server="")
+    seen, missing = {}, {}
+    for _ in range(2):
+        closed = sessions_to_close([a, b], {("ann", "exp")}, seen, missing, T0)
+    assert closed == [(b, T0)]
+    sessions_to_close([a], {("ann", "exp")}, seen, missing, T0)
+    assert set(seen) == {"a"} and missing == {}
