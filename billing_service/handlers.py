@@ -188,14 +188,20 @@ class PricesHandler(APIHandler):
     def get(self) -> None:
         book = self.store.price_book
         asked = self.get_arguments("sku")
+        price_class = self.get_argument("price_class", "on-demand")
+        if price_class not in ("on-demand", "spot"):
+            raise web.HTTPError(
+                400, f"price_class must be 'on-demand' or 'spot', not {price_class!r}"
+            )
         if asked:
-            prices, unpriced = book.lookup(asked)
+            prices, unpriced = book.lookup(asked, price_class)
         else:
-            prices, unpriced = book.configured(), []
+            prices, unpriced = book.lookup(book.configured(), price_class)
         result: dict[str, Any] = {
             "currency": self.currency,
             "min_billable_seconds": self.store.min_billable_seconds,
             "spot_discount_percent": book.spot_discount_percent,
+            "price_class": price_class,
             "prices": {
                 sku: {"per_hour_micro": micro, "per_hour": format_credits(micro)}
                 for sku, micro in prices.items()

@@ -61,12 +61,14 @@ class PriceBook:
         """Every SKU with a price written in the settings (cards, cpu, explicit slices)."""
         return {**self.cards, **self.slices}
 
-    def lookup(self, skus: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    def lookup(
+        self, skus: Iterable[str], price_class: str = "on-demand"
+    ) -> tuple[dict[str, int], list[str]]:
         """Prices of ``skus`` and the list of those without a price, in the order asked."""
         priced: dict[str, int] = {}
         unpriced: list[str] = []
         for sku in skus:
-            price = self.price(sku)
+            price = self.price(sku, price_class)
             if price is None:
                 if sku not in unpriced:
                     unpriced.append(sku)

@@ -214,14 +214,16 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     # -- prices and choices --------------------------------------------------------------
 
-    async def prices_for(self, view: FreeView) -> dict[str, int]:
+    async def prices_for(self, view: FreeView, price_class: str = "on-demand") -> dict[str, int]:
         """Prices of everything this inventory holds, from billing (503 if unreachable)."""
-        return (await self.price_book_for(view))[0]
+        return (await self.price_book_for(view, price_class))[0]
 
-    async def price_book_for(self, view: FreeView) -> tuple[dict[str, int], int]:
+    async def price_book_for(
+        self, view: FreeView, price_class: str = "on-demand"
+    ) -> tuple[dict[str, int], int]:
         """Prices of everything this inventory holds and billing's spot discount (percent)."""
         try:
-            return await self.billing.price_book(sorted(view.keys()) + [CPU_KEY])
+            return await self.billing.price_book(sorted(view.keys()) + [CPU_KEY], price_class)
         except BillingUnavailable as e:
             raise billing_unavailable(e) from None
 

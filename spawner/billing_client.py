@@ -18,7 +18,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 log = logging.getLogger(__name__)
 
 PRICE_CACHE_SECONDS = 10
-_price_cache: dict[tuple[str, tuple[str, ...]], tuple[float, tuple[dict[str, int], int]]] = {}
+_price_cache: dict[tuple[str, str, tuple[str, ...]], tuple[float, tuple[dict[str, int], int]]] = {}
 
 
 class BillingUnavailable(RuntimeError):
@@ -70,16 +70,18 @@ class BillingClient:
         """Price per hour in micro-credits of each SKU that has one."""
         return (await self.price_book(skus))[0]
 
-    async def price_book(self, skus: list[str]) -> tuple[dict[str, int], int]:
-        """Prices of each SKU that has one, and the spot discount in percent.
+    async def price_book(
+        self, skus: list[str], price_class: str = "on-demand"
+    ) -> tuple[dict[str, int], int]:
+        """Prices of each SKU that has one in ``price_class``, and the spot discount (percent).
 
         Kept for PRICE_CACHE_SECONDS: the hub only ranks options with them, and billing fixes
         the price of a session itself when it starts."""
-        key = (self.url, tuple(skus))
+        key = (self.url, price_class, tuple(skus))
         cached = _price_cache.get(key)
         if cached and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
             return cached[1]
-        query = urlencode([("sku", s) for s in skus])
+        query = urlencode([("price_class", price_class)] + [("sku", s) for s in skus])
         answer = await self._call("GET", f"api/prices?{query}")
         prices = {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
         result = prices, answer.get("spot_discount_percent", 0)

@@ -184,9 +184,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         watcher = await self.cluster()
         inventory = watcher.inventory
         price_class = "spot" if options.spot else "on-demand"
-        prices = await self.prices_for(inventory.view)
-        if options.spot:
-            prices = await self._spot_prices(prices)
+        prices = await self.prices_for(inventory.view, price_class)
         # spot servers take only what is free; on-demand ones may preempt spot servers
         view = (lambda: inventory.view) if options.spot else (lambda: inventory.preemptible_view)
         answer = await self.place_or_wait(options, view, prices)
@@ -215,11 +213,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             raise
         finally:
             self._starting = False
-
-    async def _spot_prices(self, prices: dict[str, int]) -> dict[str, int]:
-        """Spot prices for ranking a spot request (billing owns the discount)."""
-        _, discount = await self.price_book_for(FreeView())
-        return {k: (2 * v * (100 - discount) + 100) // 200 for k, v in prices.items()}
 
     async def _start_placed(
         self, answer: Placement, price_class: str, watcher: ClusterWatcher, reservation: str

@@ -299,3 +299,11 @@ def test_enforcement_asks_the_hub_to_stop(hub, as_hub, as_ops):
     time.sleep(2)
     assert hub.log().count("stop ivan/big") == 1
     as_hub("POST", "api/sessions/i1/stop", json={"ended_at": "2025-01-01T10:00:01Z"})
+
+
+def test_spot_prices_come_from_billing(as_hub):
+    r = as_hub("GET", "api/prices", params={"sku": ["A100-80GB"], "price_class": "spot"})
+    assert r.status_code == 200, r.text
+    assert r.json()["prices"]["A100-80GB"]["per_hour_micro"] == 8_000_000 * 40 // 100
+    r = as_hub("GET", "api/prices", params={"price_class": "cheap"})
+    assert r.status_code == 400 and "price_class" in r.json()["message"]
