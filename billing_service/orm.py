@@ -1,7 +1,8 @@
 """Billing tables.
 
-The balance of an account is the sum of its ledger entries; there is no mutable balance
-column, so a later double-entry ledger (counter-accounts, holds) only adds rows and tables.
+Double entry: every movement of credit is a ``LedgerTransaction`` whose ``Posting`` rows sum
+to zero over ``LedgerAccount`` rows (a user's funding pools and the system counter-accounts).
+A user's balance is the sum of their pools' balances.
 """
 
 from __future__ import annotations
@@ -71,23 +72,35 @@ class Account(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
-class LedgerEntry(Base):
-    """One signed movement of credit. ``idempotency_key`` makes every write replay-safe."""
+class LedgerAccount(Base):
+    """One side of double entry: a user's funding pool, or a system counter-account.
 
-    __tablename__ = "ledger_entries"
+    Codes: ``user:{username}:trial``, ``user:{username}:paid``,
+    ``user:{username}:allowance:{course}`` (pools of the customer ``account_id``), and
+    ``system:{name}`` (``account_id`` null): where grants come from and charges go to.
+    ``balance_micro`` is kept in the same transaction as every posting; the ledger check
+    proves it equals the sum of the account's postings.
+    """
+
+    __tablename__ = "ledger_accounts"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(32))  # trial | adjustment | charge
-    amount_micro: Mapped[int] = mapped_column(BigInteger)
-    session_id: Mapped[str | None] = mapped_column(ForeignKey("sessions.id"), nullable=True)
-    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
-    memo: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    code: Mapped[str] = mapped_column(String(255), unique=True)
+    account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True, index=True
+    )
+    pool: Mapped[str] = mapped_column(String(32))  # trial | paid | allowance | system
+    course: Mapped[str] = mapped_column(String(255), default="")
+    balance_micro: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class BillingSession(Base):
-    """One metered server run. The price is fixed here when it starts."""
+    """One metered server run. The price is fixed here when it starts.
+
+    ``charged_micro`` is what its charge transactions have taken so far (interval charges
+    while it runs, the final one at stop); ``last_seen_at`` is the last time billing saw its
+    server running (the end of a session whose server vanished unseen).
+    """
 
     __tablename__ = "sessions"
 
@@ -103,6 +116,75 @@ class BillingSession(Base):
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
     billed_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cost_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    course: Mapped[str] = mapped_column(String(255), default="")
+    price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class LedgerTransaction(Base):
+    """One movement of credit: postings that sum to zero, written once per idempotency key.
+
+    Kinds: ``trial``, ``topup``, ``allowance``, ``refund``, ``adjustment`` (funding) and
+    ``charge`` (a session's interval ``charge:{session}:{k}`` or its final
+    ``charge:{session}:final``).
+    """
+
+    __tablename__ = "ledger_transactions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    account_id: Mapped[int | None] = mapped_column(
+        ForeignKey("accounts.id"), nullable=True, index=True
+    )
+    session_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sessions.id"), nullable=True, index=True
+    )
+    memo: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class Posting(Base):
+    """A signed amount on one ledger account, part of one transaction."""
+
+    __tablename__ = "ledger_postings"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    transaction_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id"), index=True)
+    ledger_account_id: Mapped[int] = mapped_column(ForeignKey("ledger_accounts.id"), index=True)
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+
+
+class Hold(Base):
+    """Credit set aside by an admission until its server starts, fails, or the hold expires."""
+
+    __tablename__ = "holds"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), index=True)
+    sku: Mapped[str] = mapped_column(String(255))
+    count: Mapped[int] = mapped_column(Integer)
+    price_class: Mapped[str] = mapped_column(String(32))
+    amount_micro: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    release_reason: Mapped[str] = mapped_column(String(32), default="")
+    session_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+
+
+class PriceBookVersion(Base):
+    """A published price book; a session is priced by the newest one not younger than it."""
+
+    __tablename__ = "price_books"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(255))
+    source: Mapped[str] = mapped_column(String(32))  # settings | admin
+    book: Mapped[str] = mapped_column(Text)  # JSON: prices, spot_discount_percent, shared_percent
 
 
 def make_engine(url: str) -> Engine:

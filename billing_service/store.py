@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -418,3 +418,17 @@ class Store:
         query = query.order_by(BillingSession.started_at.desc(), BillingSession.id.desc())
         with self._sessionmaker() as db:
             return [_session_record(row) for row in db.scalars(query)]
+
+    def mark_seen(self, session_ids: list[str], at: datetime) -> None:
+        """Record that the servers of ``session_ids`` were seen running at ``at``."""
+        if not session_ids:
+            return
+
+        def work(db: Session) -> None:
+            db.execute(
+                update(BillingSession)
+                .where(BillingSession.id.in_(session_ids), BillingSession.ended_at.is_(None))
+                .values(last_seen_at=at)
+            )
+
+        self._write(work)
