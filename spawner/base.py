@@ -189,6 +189,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
     offers_spot = False
     #: shown on the next form: why the last server stopped, when it was not the user's doing
     notice: str = ""
+    #: the server's record (session_id, offering, count; backends add theirs); ``hold_id``
+    #: while the admission's hold has not become the billing session, ``started_at`` once
+    #: metering may have begun
+    gpu: dict[str, Any] | None = None
 
     _base_start_timeout: int | None = None
 
@@ -382,17 +386,55 @@ class GPUSpawnerMixin(LoggingConfigurable):
             record["count"],
             started_at,
             price_class,
+            record.get("hold_id"),
         )
+        # the hold is the session now: nothing left to release
+        record.pop("hold_id", None)
 
     async def settle_billing_session(
         self, record: dict[str, Any] | None, ended_at: datetime
     ) -> dict[str, Any] | None:
         """Close the record's session at ``ended_at`` (never before it started; clocks of
-        nodes and hub may differ). Records that never started metering are skipped."""
-        if not record or "started_at" not in record:
+        nodes and hub may differ). A record whose session never opened gives back the hold
+        its admission placed instead."""
+        if not record:
             return None
-        started_at = datetime.fromisoformat(record["started_at"])
-        return await self.close_billing_session(record["session_id"], max(ended_at, started_at))
+        result = None
+        if "started_at" in record:
+            started_at = datetime.fromisoformat(record["started_at"])
+            result = await self.close_billing_session(
+                record["session_id"], max(ended_at, started_at)
+            )
+        await self.release_hold(record)
+        return result
+
+    async def abandon_billing(self, record: dict[str, Any] | None) -> None:
+        """Billing's side of a start that failed or was cancelled: a session that may have
+        opened is closed at zero seconds, and the admission's hold is released, so the
+        user's credit is free again at once."""
+        started = (record or {}).get("started_at")
+        await self.settle_billing_session(
+            record, datetime.fromisoformat(started) if started else utcnow()
+        )
+
+    async def release_hold(self, record: dict[str, Any] | None) -> None:
+        """Release the hold of a record whose session never opened. Best effort: when billing
+        cannot be reached the hold expires by itself (``billing.hold_seconds``)."""
+        hold_id = record.pop("hold_id", None) if record else None
+        if not hold_id:
+            return
+        try:
+            await self.billing.release_hold(hold_id)
+        except BillingRefused as e:
+            self.log.warning(
+                "%s: billing refused to release hold %s: %s", self._log_name, hold_id, e
+            )
+        except BillingUnavailable as e:
+            self.log.warning(
+                "%s: hold %s not released, it expires by itself: %s", self._log_name, hold_id, e
+            )
+        else:
+            self.log.info("%s: start abandoned, billing hold %s released", self._log_name, hold_id)
 
     async def close_billing_session(
         self, session_id: str, ended_at: datetime
@@ -429,12 +471,16 @@ class GPUSpawnerMixin(LoggingConfigurable):
         self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 
     async def admit(self, placement: Placement, price_class: str = "on-demand") -> None:
-        """Ask billing whether the user's credit covers the minimum billable period."""
+        """Ask billing whether the user's credit covers the minimum billable period. Billing
+        holds that much until the session opens; the hold's id goes on the server record
+        (``self.gpu["hold_id"]``), to be released if the start fails."""
         try:
-            await self.billing.admit(
+            answer = await self.billing.admit(
                 self.user.name, placement.offering.key, placement.count, price_class
             )
         except BillingRefused as e:
             raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None
         except BillingUnavailable as e:
             raise billing_unavailable(e) from None
+        if answer.get("hold_id"):
+            self.gpu["hold_id"] = answer["hold_id"]

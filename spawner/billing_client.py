@@ -97,9 +97,15 @@ class BillingClient:
     async def admit(
         self, username: str, sku: str, count: int, price_class: str = "on-demand"
     ) -> dict[str, Any]:
-        """Raises BillingRefused with billing's explanation when credit does not cover it."""
+        """Admit a spawn, placing a hold on the minimum billable period's cost (``hold_id``
+        in the answer). Raises BillingRefused with billing's explanation when credit, less
+        the holds of other spawns in progress, does not cover it."""
         body = {"username": username, "sku": sku, "count": count, "price_class": price_class}
         return await self._call("POST", "api/admission", body)
+
+    async def release_hold(self, hold_id: str) -> dict[str, Any]:
+        """Give the credit of a hold back (a start that failed); releasing twice is fine."""
+        return await self._call("DELETE", f"api/holds/{quote(hold_id, safe='')}")
 
     async def start_session(
         self,
@@ -110,7 +116,9 @@ class BillingClient:
         count: int,
         started_at: datetime,
         price_class: str = "on-demand",
+        hold_id: str | None = None,
     ) -> dict[str, Any]:
+        """Open a session; with ``hold_id`` the admission's hold becomes the session."""
         body = {
             "price_class": price_class,
             "id": session_id,
@@ -120,6 +128,8 @@ class BillingClient:
             "count": count,
             "started_at": started_at.isoformat(),
         }
+        if hold_id:
+            body["hold_id"] = hold_id
         return await self._call("POST", "api/sessions", body)
 
     async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:

@@ -87,7 +87,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """,
     )
 
-    # per-server record: {"session_id", "offering", "count", "node", "price_class", "started_at"}
+    # per-server record: {"session_id", "offering", "count", "node", "price_class", "hold_id",
+    # "started_at"} (see GPUSpawnerMixin.gpu)
     gpu: dict[str, Any] | None = None
     _configured: dict[str, Any] | None = None
     _pod_requested = False
@@ -206,10 +207,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             record, self.gpu = self.gpu, None
             inventory.release(reservation)
             self.wake_queue()
-            if record and "started_at" in record:  # metering may have begun: zero seconds
-                await self.settle_billing_session(
-                    record, datetime.fromisoformat(record["started_at"])
-                )
+            await self.abandon_billing(record)
             raise
         finally:
             self._starting = False

@@ -103,7 +103,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
-    # per-server GPU record: {"session_id", "offering", "count", "devices", "started_at"}
+    # per-server GPU record: {"session_id", "offering", "count", "devices", "hold_id",
+    # "started_at"} (see GPUSpawnerMixin.gpu)
     gpu: dict[str, Any] | None = None
     _closed_session: str | None = None
     _stop_requested: datetime | None = None
@@ -242,8 +243,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         released = pool.release(self.holder)
         self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
         self.wake_queue()
-        if record and "started_at" in record:  # metering may have begun: zero seconds
-            await self.settle_billing_session(record, datetime.fromisoformat(record["started_at"]))
+        await self.abandon_billing(record)
 
     async def _finish(
         self, record: dict[str, Any] | None, ended_at: datetime, release: bool = True
@@ -259,12 +259,12 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         else:
             released = []
             pool.rename(self.holder, f"{self.holder} (pid {self.pid} never died)")
-        if record is None or "started_at" not in record:
-            return
-        if record["session_id"] == self._closed_session:
+        if record is None or record["session_id"] == self._closed_session:
             return
         self._closed_session = record["session_id"]
         result = await self.settle_billing_session(record, ended_at)
+        if "started_at" not in record:  # stopped before it was up: only its hold was released
+            return
         billed = result.get("billed_seconds") if result else "(pending)"
         devices = ",".join(released) or "no GPU"
         self.log.info("%s: stopped; billed %s s, released %s", self.holder, billed, devices)
