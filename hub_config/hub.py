@@ -16,6 +16,7 @@ from typing import Any
 from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
 BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
 DEV_LOGIN_NOTICE = (
@@ -73,6 +74,9 @@ def apply(c: Any, settings: Settings) -> None:
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.JupyterHub.concurrent_spawn_limit = int(hub.get("concurrent_spawn_limit", 100))
+    # several servers per user (each its own card and billing session), one home for all
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = int(hub.get("named_server_limit_per_user", 5))
     # servers keep running (and billing keeps counting) across hub restarts
     c.JupyterHub.cleanup_servers = False
     c.ConfigurableHTTPProxy.command = proxy_command(hub)
@@ -112,7 +116,7 @@ def apply(c: Any, settings: Settings) -> None:
         _kubernetes_backend(c, spawner.get("kubernetes") or {})
     else:
         raise SettingsError(f"spawner.backend must be local or kubernetes, not {backend!r}")
-    c.JupyterHub.extra_handlers = _preview_handlers()
+    _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
 
@@ -159,10 +163,19 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
 
 
-def _preview_handlers() -> list:
-    from spawner.preview import handlers
+def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
+    """The hub's own gputap handlers (the spec preview, the user's account) and the credit
+    banner on every hub page (templates/page.html extends JupyterHub's page.html)."""
+    from spawner import account, preview
 
-    return list(handlers)
+    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers]
+    c.JupyterHub.template_paths = [str(TEMPLATES)]
+    c.JupyterHub.template_vars.update(
+        {
+            "gputap_account_url": f"{base_url}hub/{account.ACCOUNT_PATH}",
+            "gputap_credit_refresh_seconds": float(hub.get("credit_banner_refresh_seconds", 30)),
+        }
+    )
 
 
 def _authentication(c: Any, hub: dict[str, Any]) -> None:
@@ -188,7 +201,33 @@ def _authentication(c: Any, hub: dict[str, Any]) -> None:
         return
     c.JupyterHub.authenticator_class = "dummy"
     c.Authenticator.allow_all = True
-    c.JupyterHub.template_vars = {"announcement_login": DEV_LOGIN_NOTICE}
+    c.JupyterHub.template_vars.update({"announcement_login": DEV_LOGIN_NOTICE})
+
+
+def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
+    """The billing service: started by the hub, or (``billing.managed: false``) run by the
+    operator with ``billing.api_token``, so that it outlives hub restarts and the hub
+    never restarts it (docs/billing.md, "Running billing outside the hub")."""
+    service: dict[str, Any] = {
+        "name": "billing",
+        "url": f"http://127.0.0.1:{billing['port']}",
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE],
+    }
+    managed = billing.get("managed", True)
+    if not isinstance(managed, bool):
+        raise SettingsError(f"billing.managed must be true or false, not {managed!r}")
+    if managed:
+        service["command"] = [sys.executable, "-m", "billing_service"]
+        service["environment"] = environment
+        return service
+    if not billing.get("api_token"):
+        raise SettingsError(
+            "billing.managed: false needs billing.api_token, the token the billing service "
+            "runs with (its JUPYTERHUB_API_TOKEN); e.g. the output of `openssl rand -hex 32`"
+        )
+    service["api_token"] = str(billing["api_token"])
+    return service
 
 
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
@@ -197,14 +236,7 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
     if settings.source:
         passthrough["GPUTAP_SETTINGS"] = str(settings.source)
     services: list[dict[str, Any]] = [
-        {
-            "name": "billing",
-            "url": f"http://127.0.0.1:{settings.billing['port']}",
-            "command": [sys.executable, "-m", "billing_service"],
-            "environment": passthrough,
-            "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE],
-        },
+        _billing_service(settings.billing, passthrough),
         {"name": "gputap-hub", "api_token": hub_token},
     ]
     roles: list[dict[str, Any]] = [

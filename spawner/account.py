@@ -1,0 +1,56 @@
+"""Hub handler giving a logged-in user their billing account (credit, time left, warnings),
+for the credit banner on hub pages (hub_config/templates/page.html)."""
+
+from __future__ import annotations
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.scopes import has_scope
+from tornado import web
+
+from .billing_client import BillingClient, BillingRefused, BillingUnavailable
+
+ACCOUNT_PATH = "gputap/account"
+#: the scope billing itself asks of a user reading their own account
+BILLING_ACCESS_SCOPE = "access:services!service=billing"
+
+
+class AccountHandler(APIHandler):
+    """GET /hub/gputap/account: billing's view of the caller's own account (JSON).
+
+    Billing is asked with the hub's token, so the caller must hold the scope billing would
+    ask of them. Cookie requests need the page's XSRF token (``X-XSRFToken``), as every hub
+    API call does; token requests do not.
+    """
+
+    async def get(self) -> None:
+        user = self.current_user
+        if user is None:
+            raise web.HTTPError(403, "Log in to see your credit")
+        if user.kind != "user":
+            raise web.HTTPError(403, "Billing accounts belong to users, not services")
+        if not has_scope(BILLING_ACCESS_SCOPE, self.parsed_scopes, db=self.db):
+            raise web.HTTPError(403, f"Reading your credit needs the scope {BILLING_ACCESS_SCOPE}")
+        billing = user.get_spawner("", replace_failed=True).billing
+        try:
+            account = await account_of(billing, user.name)
+        except BillingUnavailable as e:
+            raise web.HTTPError(
+                503, f"Billing is unreachable, so your credit cannot be shown now ({e})"
+            ) from None
+        except BillingRefused as e:
+            raise web.HTTPError(502, f"Billing refused to show your credit: {e.message}") from None
+        self.set_header("Cache-Control", "no-store")
+        self.write(account)
+
+
+async def account_of(billing: BillingClient, username: str) -> dict:
+    """The user's account view; opened (with trial credit) if billing was down at login."""
+    try:
+        return await billing.account(username)
+    except BillingRefused as e:
+        if e.status != 404:
+            raise
+    return await billing.open_account(username)
+
+
+handlers = [(rf"/{ACCOUNT_PATH}", AccountHandler)]
