@@ -52,9 +52,14 @@ class Platform:
         services: list[dict[str, Any]] | None = None,
         env: dict[str, str] | None = None,
         config: Path = CONFIG,
+        external_billing: bool = False,
     ):
+        """``external_billing``: run billing as an external service (``billing.managed:
+        false``) that this object starts and stops, so it outlives hub restarts and can be
+        down while the hub runs (start_billing / stop_billing)."""
         self.root = root
         self.ops_token = secrets.token_hex(16)
+        self.billing_token = secrets.token_hex(32) if external_billing else None
         self.port, self.hub_port, self.billing_port = free_port(), free_port(), free_port()
         self.proxy_api_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -76,6 +81,8 @@ class Platform:
                 "enforce_interval_seconds": 1,
             },
         }
+        if external_billing:
+            settings["billing"].update(managed=False, api_token=self.billing_token)
         for section, values in (extra or {}).items():
             settings.setdefault(section, {}).update(values)
         self.settings_path = root / "gputap.yaml"
@@ -84,21 +91,29 @@ class Platform:
         self.config = config
         self.log_path = root / "hub.log"
         self.proc: subprocess.Popen | None = None
+        self.billing_proc: subprocess.Popen | None = None
         self.api = requests.Session()
+        # tests spawn up to 20 servers at once through this one session
+        self.api.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=32))
         self.api.headers["Authorization"] = f"token {self.ops_token}"
 
     # -- process ------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60) -> None:
+    def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUTAP")}
         env["GPUTAP_SETTINGS"] = str(self.settings_path)
         env.update(self.env)
+        return env
+
+    def start(self, timeout: float = 60) -> None:
         (self.root / "data").mkdir(exist_ok=True)
+        if self.billing_token and self.billing_proc is None:
+            self.start_billing()
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the hub's life)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
             cwd=self.root / "data",
-            env=env,
+            env=self._env(),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -120,6 +135,55 @@ class Platform:
         except requests.RequestException:
             return False
 
+    def start_billing(self, timeout: float = 30) -> None:
+        """Start the external billing service with the environment JupyterHub would give a
+        managed one (docs/billing.md, "Running billing outside the hub")."""
+        assert self.billing_token, "start_billing needs Platform(external_billing=True)"
+        env = self._env()
+        env.update(
+            JUPYTERHUB_SERVICE_NAME="billing",
+            JUPYTERHUB_API_TOKEN=self.billing_token,
+            JUPYTERHUB_API_URL=f"http://127.0.0.1:{self.hub_port}/hub/api",
+            JUPYTERHUB_BASE_URL="/",
+            JUPYTERHUB_CLIENT_ID="service-billing",
+            JUPYTERHUB_SERVICE_URL=f"http://127.0.0.1:{self.billing_port}",
+            JUPYTERHUB_SERVICE_PREFIX="/services/billing/",
+        )
+        log = open(self.root / "billing.log", "ab")  # noqa: SIM115 (kept open for its life)
+        self.billing_proc = subprocess.Popen(
+            [sys.executable, "-m", "billing_service"],
+            cwd=self.root / "data",
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        health = f"http://127.0.0.1:{self.billing_port}/services/billing/health"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.billing_proc.poll() is not None:
+                raise RuntimeError(f"billing exited:\n{self.billing_log_tail()}")
+            try:
+                if requests.get(health, timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"billing did not come up:\n{self.billing_log_tail()}")
+
+    def stop_billing(self) -> None:
+        """Kill the external billing service, as a crash would."""
+        if self.billing_proc is not None:
+            self.billing_proc.kill()
+            self.billing_proc.wait()
+            self.billing_proc = None
+
+    def billing_log_tail(self, lines: int = 40) -> str:
+        try:
+            text = (self.root / "billing.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
     def stop_hub(self) -> None:
         """Stop the hub as an operator would (SIGTERM); servers keep running."""
         if self.proc and self.proc.poll() is None:
@@ -140,6 +204,7 @@ class Platform:
             except (requests.RequestException, ValueError):
                 pass
         self.stop_hub()
+        self.stop_billing()
         # servers outlive the hub (cleanup_servers = False): end any left in our homes
         homes = str(self.root / "data" / "homes")
         for proc in psutil.process_iter(["cwd"]):
@@ -169,44 +234,65 @@ class Platform:
         assert r.status_code == 201, r.text
         return r.json()["token"]
 
-    def spawn(self, name: str, options: dict[str, Any] | None) -> requests.Response:
-        return self.post(f"/users/{name}/server", {"user_options": options})
+    def login(self, name: str) -> requests.Session:
+        """A browser-like session logged in with the development login."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=10)
+        r = s.post(
+            f"{self.url}/hub/login",
+            data={"username": name, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
+            timeout=30,
+        )
+        assert r.ok, r.text
+        return s
 
-    def server(self, name: str) -> dict[str, Any] | None:
-        return self.get(f"/users/{name}").json().get("servers", {}).get("")
+    @staticmethod
+    def server_path(name: str, server_name: str = "") -> str:
+        """The REST path of a user's default server ("") or of a named one."""
+        return f"/users/{name}/servers/{server_name}" if server_name else f"/users/{name}/server"
 
-    def wait_ready(self, name: str, timeout: float = 90) -> dict[str, Any]:
+    def spawn(
+        self, name: str, options: dict[str, Any] | None, server_name: str = ""
+    ) -> requests.Response:
+        return self.post(self.server_path(name, server_name), {"user_options": options})
+
+    def server(self, name: str, server_name: str = "") -> dict[str, Any] | None:
+        return self.get(f"/users/{name}").json().get("servers", {}).get(server_name)
+
+    def wait_ready(self, name: str, timeout: float = 90, server_name: str = "") -> dict[str, Any]:
+        who = f"{name}/{server_name}" if server_name else name
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            server = self.server(name)
+            server = self.server(name, server_name)
             if server and server.get("ready"):
                 return server
             if server is None:
-                raise AssertionError(f"{name}'s server is gone:\n{self.log_tail()}")
+                raise AssertionError(f"{who}'s server is gone:\n{self.log_tail()}")
             time.sleep(0.2)
-        raise AssertionError(f"{name}'s server did not become ready:\n{self.log_tail()}")
+        raise AssertionError(f"{who}'s server did not become ready:\n{self.log_tail()}")
 
     def stop_server(self, name: str, server_name: str = "", wait: bool = True) -> None:
-        path = f"/users/{name}/servers/{server_name}" if server_name else f"/users/{name}/server"
-        r = self.api.delete(f"{self.url}/hub/api{path}", timeout=90)
+        r = self.api.delete(f"{self.url}/hub/api{self.server_path(name, server_name)}", timeout=90)
         assert r.status_code in (202, 204, 400, 404), r.text
         if wait:
-            self.wait_stopped(name)
+            self.wait_stopped(name, server_name=server_name)
 
-    def wait_stopped(self, name: str, timeout: float = 60) -> None:
+    def wait_stopped(self, name: str, timeout: float = 60, server_name: str = "") -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.server(name) is None:
+            if self.server(name, server_name) is None:
                 return
             time.sleep(0.2)
-        raise AssertionError(f"{name}'s server did not stop:\n{self.log_tail()}")
+        raise AssertionError(f"{name}/{server_name}'s server did not stop:\n{self.log_tail()}")
 
-    def follow_progress(self, name: str, into: list[str]) -> threading.Thread:
+    def follow_progress(
+        self, name: str, into: list[str], server_name: str = ""
+    ) -> threading.Thread:
         """Collect the messages of a user's spawn progress stream in a thread, until the
         spawn is ready or failed."""
 
         def read() -> None:
-            url = f"{self.url}/hub/api/users/{name}/server/progress"
+            url = f"{self.url}/hub/api{self.server_path(name, server_name)}/progress"
             with self.api.get(url, stream=True, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith(b"data:"):
@@ -219,9 +305,9 @@ class Platform:
         thread.start()
         return thread
 
-    def server_env(self, name: str) -> dict[str, str]:
+    def server_env(self, name: str, server_name: str = "") -> dict[str, str]:
         """The environment of the user's running server process, read from /proc."""
-        pid = self.server(name)["state"]["pid"]
+        pid = self.server(name, server_name)["state"]["pid"]
         raw = Path(f"/proc/{pid}/environ").read_bytes()
         return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 

@@ -7,18 +7,6 @@ import requests
 from spawner.placement import format_credits
 
 
-def login(platform, name: str) -> requests.Session:
-    s = requests.Session()
-    s.get(f"{platform.url}/hub/login", timeout=10)
-    r = s.post(
-        f"{platform.url}/hub/login",
-        data={"username": name, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
-        timeout=30,
-    )
-    assert r.ok, r.text
-    return s
-
-
 def row(page: str, key: str) -> str:
     match = re.search(rf'<label class="gputap-choice[^"]*" data-key="{re.escape(key)}">.*?</label>',
                       page, re.S)  # fmt: skip
@@ -32,7 +20,7 @@ def test_login_page_says_it_is_a_development_login(platform):
 
 
 def test_form_lists_options_with_free_counts_prices_and_time_left(platform):
-    s = login(platform, "frank")
+    s = platform.login("frank")
     page = s.get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
     assert "simulated" in page
     # 10.00 credits of trial; an RTX 4090 at 5.00/h lasts 2 h, a 1g.10gb slice 8 h 45 min
@@ -51,7 +39,7 @@ def test_sold_out_option_is_shown_with_free_alternatives(platform):
     r = platform.spawn("gina", {"kind": "card", "card": "A100-80GB"})
     assert r.status_code in (201, 202), r.text
     platform.wait_ready("gina")
-    s = login(platform, "hank")
+    s = platform.login("hank")
     page = s.get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
     sold_out = row(page, "A100-80GB")
     assert "gputap-out" in sold_out and "sold out" in sold_out and "(0 of 1)" in sold_out
@@ -68,7 +56,7 @@ def test_sold_out_option_is_shown_with_free_alternatives(platform):
 
 
 def test_spec_preview_names_the_card_before_committing(platform):
-    s = login(platform, "ivan")
+    s = platform.login("ivan")
     url = f"{platform.url}/hub/gputap/preview"
     answer = s.get(url, params={"min_memory_gb": 32, "min_tflops": 80, "count": 1}, timeout=30)
     assert answer.json() == {

@@ -13,9 +13,10 @@ DEVICES = file_devices(DEFAULT_INVENTORY_FILE, Catalog.load())
 SLICES = {d.uuid for d in DEVICES if d.key == "A100-80GB/1g.10gb"}
 
 
-def wait_through_proxy(platform, name, token, timeout=60):
+def wait_through_proxy(platform, name, token, timeout=60, server_name=""):
+    """When the user's server first answers through the proxy (time.time())."""
     deadline = time.monotonic() + timeout
-    url = f"{platform.url}/user/{name}/api/status"
+    url = f"{platform.url}/user/{name}/{server_name + '/' if server_name else ''}api/status"
     while time.monotonic() < deadline:
         try:
             r = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=2)

@@ -69,9 +69,7 @@ def test_spot_is_preempted_by_on_demand_and_told_why(platform, cluster):
     assert abs(ended["billed_seconds"] - ran) <= 2  # event times have whole seconds
 
     # the user sees why on the form
-    from tests.integration.test_form import login
-
-    page = login(platform, "saver").get(f"{platform.url}/hub/spawn", timeout=30).text
+    page = platform.login("saver").get(f"{platform.url}/hub/spawn", timeout=30).text
     assert "Your spot L40S server was stopped" in page and "Preempted by" in page
     platform.stop_server("payer")
 

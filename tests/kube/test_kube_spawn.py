@@ -94,9 +94,9 @@ def test_a_spec_request_gets_the_cheapest_fit(platform, cluster):
 
 def test_a_shared_gpu_is_a_cheaper_option_of_its_own(platform, cluster):
     platform.create_user("gus")
-    from tests.integration.test_form import login, row
+    from tests.integration.test_form import row
 
-    page = login(platform, "gus").get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
+    page = platform.login("gus").get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
     shared = row(page, "T4/shared")
     assert "T4 shared (time-sliced)" in shared and "16 of 16 free" in shared
     assert "0.375/h" in shared or "0.38/h" in shared
