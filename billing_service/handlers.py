@@ -287,8 +287,17 @@ class AdmissionHandler(APIHandler):
         sku = text_field(body, "sku")
         count = count_field(body)
         price_class = price_class_field(body)
+        key = optional_text(body, "idempotency_key")
         admission = await self.blocking(
-            self.store.admit, username, sku, count, self.now(), price_class
+            functools.partial(
+                self.store.admit,
+                username,
+                sku,
+                count,
+                self.now(),
+                price_class,
+                idempotency_key=key,
+            )
         )
         if not admission.allowed:
             log.info("Refused admission of %s for %s x %s", username, count, sku)

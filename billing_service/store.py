@@ -672,23 +672,36 @@ class Store:
         price_class: str = "on-demand",
         *,
         hold: bool = True,
+        idempotency_key: str | None = None,
     ) -> Admission:
         """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period
-        beyond what holds and young servers already claim; when allowed, a hold claims it."""
+        beyond what holds and young servers already claim; when allowed, a hold claims it.
+
+        With ``idempotency_key`` the hold's id is that key: asking again (a retried request)
+        answers with the same hold instead of placing a second one."""
         price = self.price(sku, price_class)
         rate = price * count
         needed = cost_micro(price, count, self.min_billable_seconds)
 
-        def work(db: Session) -> tuple[AccountState, HoldRecord | None]:
+        def work(db: Session) -> tuple[AccountState, HoldRecord | None, bool]:
             account, _ = self._open(db, username, now)
             db.flush()
             # one admission per account at a time, across replicas
             db.scalar(select(Account.id).where(Account.id == account.id).with_for_update())
+            if idempotency_key is not None:
+                earlier = db.get(Hold, idempotency_key)
+                if earlier is not None:
+                    if earlier.account_id != account.id:
+                        raise ValueError(
+                            "idempotency_key: already used by another account's admission"
+                        )
+                    state = self._state(db, account, now)
+                    return state, _hold_record(earlier, username), True
             state = self._state(db, account, now)
             if not hold or state.admissible_at(now, self.min_billable_seconds) < needed:
-                return state, None
+                return state, None, False
             row = Hold(
-                id=uuid.uuid4().hex,
+                id=idempotency_key or uuid.uuid4().hex,
                 account_id=account.id,
                 sku=sku,
                 count=count,
@@ -700,11 +713,14 @@ class Store:
             )
             db.add(row)
             db.flush()
-            return state, _hold_record(row, username)
+            return state, _hold_record(row, username), False
 
-        state, placed = self._write(work)
+        state, placed, replayed = self._write(work)
         free = state.admissible_at(now, self.min_billable_seconds)
-        allowed = free >= needed
+        # a replay answers as the first time did: its hold is already among the held credit
+        if replayed and placed.released_at is None:
+            free += placed.amount_micro
+        allowed = replayed or free >= needed
         what = sku if count == 1 else f"{count} x {sku}"
         if allowed:
             message = f"Admitted {what} at {format_credits(rate)}/h"

@@ -267,3 +267,34 @@ def race(stores, call):
         thread.join(30)
     assert errors == []
     return results
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_two_replicas_charging_at_once_never_double_charge(database_url):
+    """Both replicas run every charge pass at the same instant, then both stop every
+    session at once: each session is charged exactly its cost, once per key."""
+    stores = [make_store(database_url) for _ in range(2)]
+    try:
+        for n in range(40):
+            stores[n % 2].start_session(f"r{n}", f"u{n % 7}", f"s{n}", "RTX-4090", 1, T0, T0)
+        for k in range(1, 4):
+            now = T0 + timedelta(seconds=30 * k + 5)
+            posted = race(stores, lambda s, _, now=now: s.post_interval_charges(now, 30, 7))
+            assert sum(posted) == 40  # each session charged once per pass, by one replica
+        end = T0 + timedelta(seconds=100)
+        race(stores, lambda s, _: [s.stop_session(f"r{n}", end, end) for n in range(40)])
+        sessions = stores[0].sessions(None)
+        assert {(s.billed_seconds, s.cost_micro, s.charged_micro) for s in sessions} == {
+            (100, 138_888, 138_888)
+        }
+        with stores[0].engine.connect() as db:
+            keys = db.exec_driver_sql(
+                "SELECT idempotency_key FROM ledger_transactions WHERE kind = 'charge'"
+            ).scalars()
+            assert sorted(keys) == sorted(
+                f"charge:r{n}:{k}" for n in range(40) for k in (1, 2, 3, "final")
+            )
+        assert stores[0].check_ledger() == []
+    finally:
+        for store in stores:
+            store.engine.dispose()

@@ -258,3 +258,15 @@ def test_the_ledger_check_finds_tampering(store):
             "WHERE code = 'user:ada:trial'"
         )
         db.exec_driver_sql("UPDATE sessions SET charged_micro = 1500000 WHERE id = 's1'")
+
+
+def test_a_retried_admission_answers_with_the_same_hold(store):
+    store.open_account("ada", T0)
+    store.adjust("ada", 500_000 - 10_000_000, "leave 0.50", "k1", T0)
+    first = store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-1")
+    again = store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-1")
+    assert first.allowed and again.allowed and again.hold == first.hold
+    assert first.hold.id == "spawn-1" and store.account("ada", T0).held_micro == 416_666
+    assert not store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-2").allowed
+    with pytest.raises(ValueError, match="another account"):
+        store.admit("bob", "T4", 1, T0, idempotency_key="spawn-1")
