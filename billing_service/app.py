@@ -7,7 +7,7 @@ import logging
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,6 +17,7 @@ from tornado import web
 from hub_config.settings import load_settings
 
 from . import clock
+from .charge import Charger
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
 from .handlers import make_handlers
@@ -67,7 +68,7 @@ def make_app(
     """The tornado application serving everything under ``prefix``."""
     # the singleton, so the OAuth callback handler shares it with the API handlers
     hub_auth = HubOAuth.instance(api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60)
-    kwargs = {"store": store, "executor": executor, "currency": config.currency}
+    kwargs = {"store": store, "executor": executor, "config": config}
     return web.Application(
         make_handlers(prefix, kwargs),
         cookie_secret=secret or secrets.token_bytes(32),
@@ -99,28 +100,46 @@ async def main() -> None:
         config.price_book,
         trial_credit_micro=config.trial_credit_micro,
         min_billable_seconds=config.min_billable_seconds,
+        hold_seconds=config.hold_seconds,
     )
+    loop = asyncio.get_running_loop()
+    book = await loop.run_in_executor(executor, store.sync_price_book, clock.utcnow())
+    log.info("Price book version %s (%s) is in force", book.version, book.source)
     secret = cookie_secret(load_settings().data_dir / "billing_cookie_secret")
     app = make_app(config, store, executor, prefix, secret)
     app.listen(url.port or 80, url.hostname or "127.0.0.1", xheaders=True)
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
 
-    async def load_accounts():
-        return await asyncio.get_running_loop().run_in_executor(
-            executor, store.accounts_with_running_sessions
-        )
+    async def load_accounts(now: datetime):
+        return await loop.run_in_executor(executor, store.accounts_with_running_sessions, now)
 
     async def close_session(session_id: str, ended_at: datetime):
-        return await asyncio.get_running_loop().run_in_executor(
+        return await loop.run_in_executor(
             executor, store.stop_session, session_id, ended_at, clock.utcnow()
         )
+
+    def post_charges() -> tuple[int, int]:
+        now = clock.utcnow()
+        posted = store.post_interval_charges(
+            now, config.charge_interval_seconds, config.charge_batch_size
+        )
+        return posted, store.running_count()
+
+    async def charge():
+        return await loop.run_in_executor(executor, post_charges)
 
     hub = {
         "api_url": os.environ["JUPYTERHUB_API_URL"],
         "api_token": os.environ["JUPYTERHUB_API_TOKEN"],
     }
-    enforcer = Enforcer(load_accounts, interval_seconds=config.enforce_interval_seconds, **hub)
+    enforcer = Enforcer(
+        load_accounts,
+        interval_seconds=config.enforce_interval_seconds,
+        repeat_after=timedelta(seconds=config.max_overrun_seconds),
+        **hub,
+    )
+    charger = Charger(charge, interval_seconds=config.charge_interval_seconds)
     reconciler = Reconciler(
         load_accounts, close_session, interval_seconds=config.reconcile_interval_seconds, **hub
     )
-    await asyncio.gather(enforcer.run(), reconciler.run())
+    await asyncio.gather(enforcer.run(), reconciler.run(), charger.run())

@@ -20,10 +20,18 @@ class BillingConfig:
     enforce_interval_seconds: float
     reconcile_interval_seconds: float
     price_book: PriceBook
+    charge_interval_seconds: int = 30
+    charge_batch_size: int = 200
+    hold_seconds: int = 900
+    #: thresholds of the "credit runs out soon" warnings, in seconds, largest first
+    warning_seconds: tuple[int, ...] = (900, 300)
+    max_overrun_seconds: int = 30
 
 
-def _positive_int(section: Mapping[str, object], key: str, minimum: int) -> int:
-    value = section.get(key)
+def _positive_int(
+    section: Mapping[str, object], key: str, minimum: int, default: int | None = None
+) -> int:
+    value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"billing.{key} must be an integer >= {minimum}, not {value!r}")
     return value
@@ -46,6 +54,25 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         raise ValueError(
             f"billing.enforce_interval_seconds must be a positive number, not {interval!r}"
         )
+    charge_interval = _positive_int(section, "charge_interval_seconds", 1, default=30)
+    if charge_interval > 60:
+        raise ValueError(
+            f"billing.charge_interval_seconds must be at most 60, not {charge_interval}: "
+            "balances must never be more than a minute behind"
+        )
+    warnings = section.get("warning_minutes", [15, 5])
+    if not isinstance(warnings, list) or not all(
+        isinstance(m, int | float) and not isinstance(m, bool) and m > 0 for m in warnings
+    ):
+        raise ValueError(
+            f"billing.warning_minutes must be a list of positive minutes, not {warnings!r}"
+        )
+    overrun = _positive_int(section, "max_overrun_seconds", 1, default=30)
+    if float(interval) >= overrun:
+        raise ValueError(
+            f"billing.enforce_interval_seconds ({interval}) must be shorter than "
+            f"billing.max_overrun_seconds ({overrun}): a stop is decided once per interval"
+        )
     url = section.get("database_url")
     if not isinstance(url, str) or not url:
         raise ValueError("billing.database_url must be an SQLAlchemy URL")
@@ -61,6 +88,11 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
             section.get("spot_discount_percent", 60),
             section.get("shared_percent", 25),
         ),
+        charge_interval_seconds=charge_interval,
+        charge_batch_size=_positive_int(section, "charge_batch_size", 1, default=200),
+        hold_seconds=_positive_int(section, "hold_seconds", 1, default=900),
+        warning_seconds=tuple(sorted({round(m * 60) for m in warnings}, reverse=True)),
+        max_overrun_seconds=overrun,
     )
 
 

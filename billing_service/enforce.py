@@ -10,20 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from . import clock
+from . import clock, metrics
 from .money import cost_micro
 from .store import AccountState, SessionRecord
 
 log = logging.getLogger("billing.enforce")
 
-# A stop takes the hub a while; asking again inside this window would only hammer it.
-REPEAT_AFTER = timedelta(seconds=30)
+# A stop takes the hub a while; asking again sooner would only hammer it.
+DEFAULT_REPEAT_AFTER = timedelta(seconds=30)
 
 
 def sessions_to_stop(
@@ -56,17 +57,19 @@ class Enforcer:
 
     def __init__(
         self,
-        load_accounts: Callable[[], Awaitable[list[AccountState]]],
+        load_accounts: Callable[[datetime], Awaitable[list[AccountState]]],
         *,
         api_url: str,
         api_token: str,
         interval_seconds: float,
+        repeat_after: timedelta = DEFAULT_REPEAT_AFTER,
         http_client: AsyncHTTPClient | None = None,
     ) -> None:
         self.load_accounts = load_accounts
         self.api_url = api_url
         self._api_token = api_token
         self.interval_seconds = interval_seconds
+        self.repeat_after = repeat_after
         self.http_client = http_client or AsyncHTTPClient()
         self._requested: dict[str, datetime] = {}
 
@@ -99,16 +102,19 @@ class Enforcer:
         """One enforcement pass; returns the sessions whose stop was requested now."""
         now = now or clock.utcnow()
         self._requested = {
-            sid: at for sid, at in self._requested.items() if now - at < REPEAT_AFTER
+            sid: at for sid, at in self._requested.items() if now - at < self.repeat_after
         }
-        accounts = await self.load_accounts()
+        started = time.perf_counter()
+        accounts = await self.load_accounts(now)
         requested = []
         for session in sessions_to_stop(accounts, now, self.interval_seconds):
             if session.id in self._requested:
                 continue
             self._requested[session.id] = now
             await self.stop_server(session)
+            metrics.ENFORCEMENT_STOPS.inc()
             requested.append(session)
+        metrics.CYCLE_SECONDS.labels("enforce").observe(time.perf_counter() - started)
         return requested
 
     async def run(self) -> None:
@@ -117,5 +123,6 @@ class Enforcer:
             try:
                 await self.check()
             except Exception:
+                metrics.ERRORS.labels("enforce").inc()
                 log.exception("Enforcement pass failed; trying again next interval")
             await asyncio.sleep(self.interval_seconds)

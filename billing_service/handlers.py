@@ -3,35 +3,54 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from . import clock
+from . import clock, ledger, metrics
+from .config import BillingConfig
 from .money import format_credits, parse_credits
+from .pricing import make_price_book
 from .store import NotFound, Store
-from .views import account_view, entry_view, session_view
+from .usage import daily_gpu_hours, usage_csv
+from .views import (
+    account_view,
+    hold_view,
+    price_book_view,
+    session_view,
+    transaction_view,
+)
 
 log = logging.getLogger("billing")
 
 HUB_SCOPE = "custom:gputap-billing:hub"
 ADMIN_SCOPE = "custom:gputap-billing:admin"
+METRICS_SCOPE = "custom:gputap-billing:metrics"
 
 T = TypeVar("T")
+
+#: days of GPU-hours the user's page charts
+CHART_DAYS = 30
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
     """Hub-authenticated handler; the caller is resolved before the verb runs."""
 
-    def initialize(self, store: Store, executor, currency: str) -> None:
+    def initialize(self, store: Store, executor, config: BillingConfig) -> None:
         self.store = store
         self.executor = executor
-        self.currency = currency
+        self.config = config
+        self.currency = config.currency
+
+    def account_json(self, state, now: datetime) -> dict[str, Any]:
+        return account_view(state, now, self.currency, self.config.warning_seconds)
 
     async def prepare(self) -> None:
         # resolve the hub user asynchronously, so the event loop never blocks on the hub
@@ -97,6 +116,10 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def now(self) -> datetime:
         return clock.utcnow()
 
+    @property
+    def caller(self) -> str:
+        return self.current_user["name"]
+
 
 class APIHandler(BaseHandler):
     """JSON in, JSON out; errors are ``{"status", "message"}``; no login redirects."""
@@ -111,6 +134,8 @@ class APIHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
+        if status_code >= 500:
+            metrics.ERRORS.labels("http").inc()
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, web.HTTPError) and exc.log_message:
@@ -138,6 +163,16 @@ def _field(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
     value = body[key]
     if isinstance(value, bool) or not isinstance(value, kind):
         raise web.HTTPError(400, f"Field {key!r} must be {what}, not {value!r}")
+    return value
+
+
+def optional_text(body: dict[str, Any], key: str) -> str | None:
+    """An optional string field: absent or null is None; anything else must be a string."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise web.HTTPError(400, f"Field {key!r} must be a string, not {value!r}")
     return value
 
 
@@ -185,8 +220,8 @@ class HealthHandler(web.RequestHandler):
 
 class PricesHandler(APIHandler):
     @web.authenticated
-    def get(self) -> None:
-        book = self.store.price_book
+    async def get(self) -> None:
+        version, book = await self.blocking(self.store.price_book_at)
         asked = self.get_arguments("sku")
         price_class = self.get_argument("price_class", "on-demand")
         if price_class not in ("on-demand", "spot"):
@@ -202,6 +237,7 @@ class PricesHandler(APIHandler):
             "min_billable_seconds": self.store.min_billable_seconds,
             "spot_discount_percent": book.spot_discount_percent,
             "price_class": price_class,
+            "version": version,
             "prices": {
                 sku: {"per_hour_micro": micro, "per_hour": format_credits(micro)}
                 for sku, micro in prices.items()
@@ -216,8 +252,9 @@ class AccountHandler(APIHandler):
     @web.authenticated
     async def get(self, username: str) -> None:
         self.require_reader_of(username)
-        state = await self.blocking(self.store.account, username)
-        self.write_json(account_view(state, self.now(), self.currency))
+        now = self.now()
+        state = await self.blocking(self.store.account, username, now)
+        self.write_json(self.account_json(state, now))
 
     @web.authenticated
     async def put(self, username: str) -> None:
@@ -226,7 +263,7 @@ class AccountHandler(APIHandler):
         state, created = await self.blocking(self.store.open_account, username, now)
         if created:
             log.info("Opened billing account %s with trial credit", username)
-        self.write_json(account_view(state, now, self.currency), 201 if created else 200)
+        self.write_json(self.account_json(state, now), 201 if created else 200)
 
 
 class MeHandler(APIHandler):
@@ -237,8 +274,8 @@ class MeHandler(APIHandler):
                 400, "api/me is for users; services read GET api/accounts/{username}"
             )
         now = self.now()
-        state, _ = await self.blocking(self.store.open_account, self.current_user["name"], now)
-        self.write_json(account_view(state, now, self.currency))
+        state, _ = await self.blocking(self.store.open_account, self.caller, now)
+        self.write_json(self.account_json(state, now))
 
 
 class AdmissionHandler(APIHandler):
@@ -250,8 +287,17 @@ class AdmissionHandler(APIHandler):
         sku = text_field(body, "sku")
         count = count_field(body)
         price_class = price_class_field(body)
+        key = optional_text(body, "idempotency_key")
         admission = await self.blocking(
-            self.store.admit, username, sku, count, self.now(), price_class
+            functools.partial(
+                self.store.admit,
+                username,
+                sku,
+                count,
+                self.now(),
+                price_class,
+                idempotency_key=key,
+            )
         )
         if not admission.allowed:
             log.info("Refused admission of %s for %s x %s", username, count, sku)
@@ -265,6 +311,8 @@ class AdmissionHandler(APIHandler):
                 "price_per_hour": format_credits(admission.price_per_hour_micro),
                 "seconds_left": admission.seconds_left,
                 "message": admission.message,
+                "hold_id": admission.hold.id,
+                "hold_expires_at": admission.hold.expires_at.isoformat(),
             }
         )
 
@@ -295,17 +343,23 @@ class SessionsHandler(APIHandler):
         count = count_field(body)
         started_at = time_field(body, "started_at")
         price_class = price_class_field(body)
+        hold_id = optional_text(body, "hold_id")
+        course = optional_text(body, "course") or ""
         now = self.now()
         session, created = await self.blocking(
-            self.store.start_session,
-            session_id,
-            username,
-            server_name,
-            sku,
-            count,
-            started_at,
-            now,
-            price_class,
+            functools.partial(
+                self.store.start_session,
+                session_id,
+                username,
+                server_name,
+                sku,
+                count,
+                started_at,
+                now,
+                price_class,
+                hold_id=hold_id,
+                course=course,
+            )
         )
         if created:
             log.info(
@@ -327,6 +381,8 @@ class SessionStopHandler(APIHandler):
         ended_at = time_field(self.body(), "ended_at")
         now = self.now()
         session = await self.blocking(self.store.stop_session, session_id, ended_at, now)
+        if session.ended_at == ended_at:
+            metrics.CHARGES_POSTED.labels("final").inc()
         log.info(
             "Settled session %s of %s/%s: %s s, %s credits",
             session.id,
@@ -338,31 +394,197 @@ class SessionStopHandler(APIHandler):
         self.write_json(session_view(session, now))
 
 
-class AdjustmentsHandler(APIHandler):
+class GrantsHandler(APIHandler):
+    """Admins fund accounts: top-ups, refunds, adjustments, trial credit, course allowances."""
+
+    #: None: the body names the kind; "adjustment" for the older adjustments path
+    fixed_kind: str | None = None
+
     @web.authenticated
     async def post(self, username: str) -> None:
         self.require_admin()
         body = self.body()
+        kind = self.fixed_kind or text_field(body, "kind")
+        if kind not in ledger.FUNDING_KINDS:
+            raise web.HTTPError(
+                400, f"Field 'kind' must be one of {', '.join(ledger.FUNDING_KINDS)}, not {kind!r}"
+            )
         if "amount" not in body:
-            raise web.HTTPError(400, "Missing field 'amount': a decimal string like \"-9.99\"")
+            raise web.HTTPError(400, "Missing field 'amount': a decimal string like \"25.00\"")
         try:
             amount = parse_credits(body["amount"], "amount")
         except ValueError as e:
             raise web.HTTPError(400, f"Field {e}") from None
         reason = text_field(body, "reason")
         key = text_field(body, "idempotency_key")
-        memo = f"{reason} (by {self.current_user['name']})"
-        entry, created = await self.blocking(
-            self.store.adjust, username, amount, memo, key, self.now()
+        course = optional_text(body, "course") or ""
+        tx, created = await self.blocking(
+            functools.partial(
+                self.store.grant,
+                username,
+                kind,
+                amount,
+                reason,
+                key,
+                self.now(),
+                created_by=self.caller,
+                course=course,
+            )
         )
         if created:
             log.info(
-                "Adjusted %s by %s credits (by %s)",
-                username,
+                "%s of %s credits to %s by %s",
+                kind.capitalize(),
                 format_credits(amount),
-                self.current_user["name"],
+                username,
+                self.caller,
             )
-        self.write_json(entry_view(entry), 201 if created else 200)
+        self.write_json(transaction_view(tx), 201 if created else 200)
+
+
+class AdjustmentsHandler(GrantsHandler):
+    fixed_kind = "adjustment"
+
+
+class TransactionsHandler(APIHandler):
+    @web.authenticated
+    async def get(self, username: str) -> None:
+        self.require_reader_of(username)
+        txs = await self.blocking(self.store.transactions, username)
+        self.write_json({"transactions": [transaction_view(tx) for tx in txs]})
+
+
+class AccountsHandler(APIHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        if not (self.is_admin or self.is_hub):
+            raise web.HTTPError(403, "Only billing admins may list every account")
+        now = self.now()
+        states = await self.blocking(self.store.accounts, now)
+        self.write_json({"accounts": [self.account_json(s, now) for s in states]})
+
+
+class HoldHandler(APIHandler):
+    @web.authenticated
+    async def delete(self, hold_id: str) -> None:
+        self.require_hub()
+        hold = await self.blocking(self.store.release_hold, hold_id, self.now())
+        self.write_json(hold_view(hold))
+
+
+class HoldsHandler(APIHandler):
+    @web.authenticated
+    async def get(self, username: str) -> None:
+        self.require_reader_of(username)
+        holds = await self.blocking(self.store.holds, username, self.now())
+        self.write_json({"holds": [hold_view(h) for h in holds]})
+
+
+class PriceBooksHandler(APIHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        books = await self.blocking(self.store.price_books)
+        self.write_json({"price_books": [price_book_view(b) for b in books]})
+
+    @web.authenticated
+    async def post(self) -> None:
+        """Publish a new version; running sessions keep the price they started with."""
+        self.require_admin()
+        body = self.body()
+        prices = body.get("prices")
+        if not isinstance(prices, dict) or not prices:
+            raise web.HTTPError(
+                400,
+                "Field 'prices' must be an object of SKU to credits per hour, "
+                'e.g. {"A100-80GB": "8.00", "cpu": "0.10"}',
+            )
+        current = (await self.blocking(self.store.price_book_at))[1]
+        try:
+            book = make_price_book(
+                prices,
+                body.get("spot_discount_percent", current.spot_discount_percent),
+                body.get("shared_percent", current.shared_percent),
+            )
+        except ValueError as e:
+            raise web.HTTPError(400, str(e).replace("billing.", "")) from None
+        record, created = await self.blocking(
+            self.store.publish_price_book, book, self.caller, "admin", self.now()
+        )
+        if created:
+            log.info("Price book version %s published by %s", record.version, self.caller)
+        self.write_json(price_book_view(record), 201 if created else 200)
+
+
+def time_argument(handler: APIHandler, name: str) -> datetime | None:
+    text = handler.get_argument(name, None)
+    if text is None:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise web.HTTPError(
+            400, f"{name} must be an ISO 8601 time like 2025-01-01T00:00:00Z, not {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise web.HTTPError(400, f"{name} needs a timezone, e.g. {text}Z")
+    return value
+
+
+class UsageHandler(APIHandler):
+    """Sessions in a time range: admins see everyone (or ?username=), users themselves.
+    ``api/usage.csv`` answers the same as CSV."""
+
+    def initialize(self, csv: bool = False, **kwargs: Any) -> None:
+        super().initialize(**kwargs)
+        self.csv = csv
+
+    @web.authenticated
+    async def get(self) -> None:
+        username = self.get_argument("username", None)
+        if not (self.is_admin or self.is_hub):
+            username = username or self.caller
+            self.require_reader_of(username)
+        since = time_argument(self, "since")
+        until = time_argument(self, "until")
+        if since and until and until <= since:
+            raise web.HTTPError(400, "until must be after since")
+        sessions = await self.blocking(
+            functools.partial(self.store.sessions, username, since=since, until=until)
+        )
+        now = self.now()
+        if self.csv:
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", 'attachment; filename="gputap-usage.csv"')
+            self.finish(usage_csv(sessions, now))
+            return
+        self.write_json(
+            {
+                "sessions": [session_view(s, now) for s in sessions],
+                "gpu_hours_by_day": daily_gpu_hours(sessions, now, since, until),
+            }
+        )
+
+
+class MetricsHandler(BaseHandler):
+    """Prometheus text format; for the hub, billing admins and holders of METRICS_SCOPE."""
+
+    def get_login_url(self) -> str:
+        raise web.HTTPError(403, "Not authenticated: send 'Authorization: token <token>'")
+
+    @web.authenticated
+    def get(self) -> None:
+        if not (self.is_hub or self.is_admin or METRICS_SCOPE in self.scopes):
+            raise web.HTTPError(403, f"Reading metrics needs the scope {METRICS_SCOPE}")
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(generate_latest(metrics.REGISTRY))
+
+
+class LedgerCheckHandler(APIHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        problems = await self.blocking(self.store.check_ledger)
+        self.write_json({"ok": not problems, "problems": [str(p) for p in problems]})
 
 
 class PageHandler(BaseHandler):
@@ -373,18 +595,44 @@ class PageHandler(BaseHandler):
         if self.current_user.get("kind", "user") != "user":
             raise web.HTTPError(403, "The billing page is for users")
         now = self.now()
-        username = self.current_user["name"]
-        state, _ = await self.blocking(self.store.open_account, username, now)
-        ended = await self.blocking(self.store.sessions, username, "ended")
+        state, _ = await self.blocking(self.store.open_account, self.caller, now)
+        since = datetime(now.year, now.month, now.day, tzinfo=now.tzinfo) - timedelta(
+            days=CHART_DAYS - 1
+        )
+        recent = await self.blocking(
+            functools.partial(self.store.sessions, self.caller, since=since)
+        )
+        ended = await self.blocking(self.store.sessions, self.caller, "ended")
         self.render(
             "billing.html",
-            account=account_view(state, now, self.currency),
+            account=self.account_json(state, now),
             ended=[session_view(s, now) for s in ended],
+            chart=daily_gpu_hours(recent, now, since, None),
             api_url=self.request.path.rstrip("/") + "/api/me",
             # the page's fetches are cookie-authenticated: HubOAuth checks this token
             xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
             when=page_time,
             duration=page_duration,
+        )
+
+
+class AdminPageHandler(BaseHandler):
+    """Billing admins: every account, funding, the price book versions, usage export."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.require_admin()
+        now = self.now()
+        states = await self.blocking(self.store.accounts, now)
+        books = await self.blocking(self.store.price_books)
+        self.render(
+            "admin.html",
+            accounts=[self.account_json(s, now) for s in states],
+            books=[price_book_view(b) for b in books],
+            kinds=ledger.FUNDING_KINDS,
+            api_base=self.request.path.rsplit("/admin", 1)[0] + "/api/",
+            xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
+            when=page_time,
         )
 
 
@@ -406,18 +654,30 @@ def make_handlers(prefix: str, kwargs: dict[str, Any]) -> list[tuple]:
     api = [
         (r"api/prices", PricesHandler),
         (r"api/accounts/([^/]+)", AccountHandler),
+        (r"api/accounts", AccountsHandler),
         (r"api/accounts/([^/]+)/adjustments", AdjustmentsHandler),
+        (r"api/accounts/([^/]+)/grants", GrantsHandler),
+        (r"api/accounts/([^/]+)/transactions", TransactionsHandler),
+        (r"api/accounts/([^/]+)/holds", HoldsHandler),
+        (r"api/holds/([^/]+)", HoldHandler),
+        (r"api/price-books", PriceBooksHandler),
+        (r"api/usage", UsageHandler),
+        (r"api/usage\.csv", UsageHandler, {"csv": True}),
+        (r"api/ledger/check", LedgerCheckHandler),
         (r"api/me", MeHandler),
         (r"api/admission", AdmissionHandler),
         (r"api/sessions", SessionsHandler),
         (r"api/sessions/([^/]+)/stop", SessionStopHandler),
+        (r"admin", AdminPageHandler),
+        (r"metrics", MetricsHandler),
         (r"", PageHandler),
     ]
     routes: list[tuple] = [
         (prefix + "health", HealthHandler),
         (prefix + "oauth_callback", HubOAuthCallbackHandler),
-        *[(prefix + path, handler, kwargs) for path, handler in api],
     ]
+    for path, handler, *extra in api:
+        routes.append((prefix + path, handler, {**kwargs, **(extra[0] if extra else {})}))
     if prefix != "/":
         routes.append((prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}))
     return routes

@@ -6,8 +6,9 @@ restarted and forgot to retry). The rule, also in docs/billing.md:
 
 - a session whose server the hub reports neither running nor starting, at two checks in a
   row, is closed;
-- at the last time this billing process saw the hub report it, or at its start if it never
-  did (billing does not charge time it cannot vouch for);
+- at the last time billing saw the hub (or the cluster) report it (``last_seen_at``, kept in
+  the database, so a restart of billing does not forget it), or at its start if it never did
+  (billing does not charge time it cannot vouch for);
 - a pass that cannot read the hub closes nothing.
 
 :func:`sessions_to_close` is the pure decision; :class:`Reconciler` runs it periodically.
@@ -51,7 +52,8 @@ def sessions_to_close(
             continue
         missing[session.id] = missing.get(session.id, 0) + 1
         if missing[session.id] >= MISSING_CHECKS:
-            ended_at = max(seen.get(session.id, session.started_at), session.started_at)
+            last = seen.get(session.id) or session.last_seen_at or session.started_at
+            ended_at = max(last, session.started_at)
             close.append((session, ended_at))
     for gone in [sid for sid in seen if sid not in open_ids]:
         del seen[gone]
@@ -65,7 +67,7 @@ class Reconciler:
 
     def __init__(
         self,
-        load_accounts: Callable[[], Awaitable[list[AccountState]]],
+        load_accounts: Callable[[datetime], Awaitable[list[AccountState]]],
         close_session: Callable[[str, datetime], Awaitable[SessionRecord]],
         *,
         api_url: str,
@@ -99,7 +101,8 @@ class Reconciler:
 
     async def check(self, now: datetime | None = None) -> list[SessionRecord]:
         """One pass; returns the sessions it closed."""
-        accounts = await self.load_accounts()
+        now = now or clock.utcnow()
+        accounts = await self.load_accounts(now)
         sessions = [s for account in accounts for s in account.running]
         present: set[tuple[str, str]] = set()
         try:
@@ -108,7 +111,6 @@ class Reconciler:
         except (HTTPClientError, OSError) as e:
             log.warning("Reconciliation skipped: cannot read servers from the hub: %s", e)
             return []
-        now = now or clock.utcnow()
         closed = []
         for session, ended_at in sessions_to_close(sessions, present, self.seen, self.missing, now):
             record = await self.close_session(session.id, ended_at)

@@ -1,23 +1,33 @@
-"""The billing domain on the database: accounts, ledger, sessions, admission.
+"""The billing domain on the database: accounts, the double-entry ledger, holds, sessions.
 
 Everything here is synchronous and takes ``now`` explicitly; the web layer runs it in a
 single-thread executor, so one process's writes are serialised. Writers elsewhere (another
-process on the same PostgreSQL database) are met by the unique keys: a write that loses a race
-rolls back and is run again, and then returns the winner's result. Results are frozen records,
-detached from the database session.
+replica on the same PostgreSQL database) are met by row locks (``SELECT … FOR UPDATE`` on the
+account for admissions, on sessions for charges and stops, on pools for postings) and by the
+unique keys: a write that loses a race rolls back and is run again, and then returns the
+winner's result. Results are frozen records, detached from the database session.
+
+Charges: while a session runs, interval charges bring what it has been charged up to the cost
+of its first ``k × interval`` seconds, under the key ``charge:{session}:{k}``; the stop posts
+``charge:{session}:final`` for the rest (or credits back what interval charges took beyond the
+final cost, when the stop time arrives late). A replay of any key changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
+import json
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from . import ledger
 from .money import (
     billed_seconds,
     cost_micro,
@@ -25,8 +35,16 @@ from .money import (
     format_duration,
     seconds_covered,
 )
-from .orm import Account, BillingSession, LedgerEntry
-from .pricing import PriceBook
+from .orm import (
+    Account,
+    BillingSession,
+    Hold,
+    LedgerAccount,
+    LedgerTransaction,
+    Posting,
+    PriceBookVersion,
+)
+from .pricing import PriceBook, make_price_book
 
 T = TypeVar("T")
 
@@ -36,7 +54,7 @@ class UnknownSku(ValueError):
 
 
 class NotFound(LookupError):
-    """An account or session that does not exist; the message says which."""
+    """An account, session or hold that does not exist; the message says which."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +70,10 @@ class SessionRecord:
     billed_seconds: int | None
     cost_micro: int | None
     price_class: str = "on-demand"
+    charged_micro: int = 0
+    course: str = ""
+    price_book_version: int | None = None
+    last_seen_at: datetime | None = None
 
     @property
     def rate_per_hour_micro(self) -> int:
@@ -69,37 +91,73 @@ class SessionRecord:
             return self.cost_micro
         return cost_micro(self.price_per_hour_micro, self.count, self.seconds_at(now))
 
+    def uncharged_at(self, now: datetime) -> int:
+        """What this session has cost by ``now`` beyond its charges posted so far."""
+        return max(self.cost_at(now) - self.charged_micro, 0)
+
 
 @dataclass(frozen=True)
-class EntryRecord:
+class TransactionRecord:
+    """A ledger transaction as one user sees it: ``amount_micro`` is the net to their pools."""
+
     id: int
-    username: str
+    username: str | None
     kind: str
     amount_micro: int
+    postings: tuple[tuple[str, int], ...]
     session_id: str | None
     idempotency_key: str
     memo: str
+    created_by: str
     created_at: datetime
 
 
 @dataclass(frozen=True)
+class HoldRecord:
+    id: str
+    username: str
+    sku: str
+    count: int
+    price_class: str
+    amount_micro: int
+    created_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    release_reason: str
+    session_id: str | None
+
+
+@dataclass(frozen=True)
 class AccountState:
-    """An account's balance and its open sessions: enough to price it at any ``now``."""
+    """An account's pools, open sessions and active holds: enough to price it at any ``now``."""
 
     username: str
     created_at: datetime
     balance_micro: int
     running: tuple[SessionRecord, ...]
+    pools: dict[str, int] = field(default_factory=dict)
+    held_micro: int = 0
 
     @property
     def rate_per_hour_micro(self) -> int:
         return sum(s.rate_per_hour_micro for s in self.running)
 
     def running_cost_at(self, now: datetime) -> int:
+        """What the running servers have cost so far (charged or not)."""
         return sum(s.cost_at(now) for s in self.running)
 
     def available_at(self, now: datetime) -> int:
-        return self.balance_micro - self.running_cost_at(now)
+        """Balance less what running servers cost beyond their posted charges."""
+        return self.balance_micro - sum(s.uncharged_at(now) for s in self.running)
+
+    def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
+        """Credit a new server may claim: available less active holds, and less the rest of
+        the minimum period of servers younger than it (a started hold keeps holding)."""
+        reserved = self.held_micro
+        for s in self.running:
+            minimum = cost_micro(s.price_per_hour_micro, s.count, min_billable_seconds)
+            reserved += max(minimum - s.cost_at(now), 0)
+        return self.available_at(now) - reserved
 
 
 @dataclass(frozen=True)
@@ -112,6 +170,25 @@ class Admission:
     available_micro: int
     seconds_left: int | None
     message: str
+    hold: HoldRecord | None = None
+
+
+@dataclass(frozen=True)
+class PriceBookRecord:
+    version: int
+    created_at: datetime
+    created_by: str
+    source: str
+    book: PriceBook
+
+
+@dataclass(frozen=True)
+class LedgerProblem:
+    what: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.detail}"
 
 
 def _session_record(row: BillingSession) -> SessionRecord:
@@ -127,20 +204,49 @@ def _session_record(row: BillingSession) -> SessionRecord:
         billed_seconds=row.billed_seconds,
         cost_micro=row.cost_micro,
         price_class=row.price_class,
+        charged_micro=row.charged_micro,
+        course=row.course,
+        price_book_version=row.price_book_version,
+        last_seen_at=row.last_seen_at,
     )
 
 
-def _entry_record(row: LedgerEntry, username: str) -> EntryRecord:
-    return EntryRecord(
+def _hold_record(row: Hold, username: str) -> HoldRecord:
+    return HoldRecord(
         id=row.id,
         username=username,
-        kind=row.kind,
+        sku=row.sku,
+        count=row.count,
+        price_class=row.price_class,
         amount_micro=row.amount_micro,
-        session_id=row.session_id,
-        idempotency_key=row.idempotency_key,
-        memo=row.memo,
         created_at=row.created_at,
+        expires_at=row.expires_at,
+        released_at=row.released_at,
+        release_reason=row.release_reason,
+        session_id=row.session_id,
     )
+
+
+def book_json(book: PriceBook) -> str:
+    """A price book as stored: exact decimal strings, sorted, so equal books compare equal."""
+    prices = {sku: format_credits(micro) for sku, micro in sorted(book.configured().items())}
+    return json.dumps(
+        {
+            "prices": prices,
+            "spot_discount_percent": book.spot_discount_percent,
+            "shared_percent": book.shared_percent,
+        },
+        sort_keys=True,
+    )
+
+
+def book_from_json(text: str) -> PriceBook:
+    data = json.loads(text)
+    return make_price_book(data["prices"], data["spot_discount_percent"], data["shared_percent"])
+
+
+def _not_found(username: str) -> NotFound:
+    return NotFound(f"No billing account for {username!r}; it is opened at first login")
 
 
 class Store:
@@ -153,19 +259,23 @@ class Store:
         *,
         trial_credit_micro: int,
         min_billable_seconds: int,
+        hold_seconds: int = 900,
     ) -> None:
         self.engine = engine
-        self.price_book = price_book
+        #: the price book of the settings; ``sync_price_book`` records it as a version
+        self.settings_price_book = price_book
         self.trial_credit_micro = trial_credit_micro
         self.min_billable_seconds = min_billable_seconds
+        self.hold_seconds = hold_seconds
         self._sessionmaker = sessionmaker(engine, expire_on_commit=False)
+        self._books: dict[int, PriceBook] = {}
 
     def _write(self, work: Callable[[Session], T]) -> T:
         """Run ``work`` in one transaction, once more if a concurrent writer took its key.
 
-        The unique keys (account username, session id, idempotency key) make the loser of a
-        race fail with IntegrityError; its rollback undoes everything it did, and the second
-        run finds the winner's rows and answers as a replay would.
+        The unique keys (account username, ledger account code, session id, idempotency key)
+        make the loser of a race fail with IntegrityError; its rollback undoes everything it
+        did, and the second run finds the winner's rows and answers as a replay would.
         """
         try:
             with self._sessionmaker.begin() as db:
@@ -174,7 +284,105 @@ class Store:
             with self._sessionmaker.begin() as db:
                 return work(db)
 
-    # accounts and ledger
+    # -- ledger primitives -----------------------------------------------------------------
+
+    def _ledger_account(
+        self, db: Session, code: str, account_id: int | None, pool: str, course: str = ""
+    ) -> LedgerAccount:
+        row = db.scalar(select(LedgerAccount).where(LedgerAccount.code == code))
+        if row is None:
+            row = LedgerAccount(
+                code=code, account_id=account_id, pool=pool, course=course, balance_micro=0
+            )
+            db.add(row)
+            db.flush()
+        return row
+
+    def _system(self, db: Session, code: str) -> LedgerAccount:
+        return self._ledger_account(db, code, None, "system")
+
+    def _pools(self, db: Session, account: Account, course: str) -> list[LedgerAccount]:
+        """The account's pools in funding order, locked for this transaction."""
+        rows = []
+        for pool, pool_course in ledger.funding_order(course):
+            code = ledger.pool_code(account.username, pool, pool_course)
+            self._ledger_account(db, code, account.id, pool, pool_course)
+            rows.append(code)
+        locked = db.scalars(
+            select(LedgerAccount)
+            .where(LedgerAccount.code.in_(rows))
+            .order_by(LedgerAccount.id)
+            .with_for_update()
+        ).all()
+        by_code = {row.code: row for row in locked}
+        return [by_code[code] for code in rows]
+
+    def _post(
+        self,
+        db: Session,
+        *,
+        key: str,
+        kind: str,
+        account_id: int | None,
+        moves: Sequence[tuple[LedgerAccount, int]],
+        now: datetime,
+        memo: str = "",
+        created_by: str = "",
+        session_id: str | None = None,
+    ) -> LedgerTransaction:
+        """One balanced transaction; each account's balance moves in the same transaction."""
+        moves = [(account, amount) for account, amount in moves if amount]
+        if sum(amount for _, amount in moves) != 0:
+            raise AssertionError(f"unbalanced transaction {key}: {moves}")
+        tx = LedgerTransaction(
+            idempotency_key=key,
+            kind=kind,
+            account_id=account_id,
+            session_id=session_id,
+            memo=memo,
+            created_by=created_by,
+            created_at=now,
+        )
+        db.add(tx)
+        db.flush()
+        for account, amount in moves:
+            db.add(Posting(transaction_id=tx.id, ledger_account_id=account.id, amount_micro=amount))
+            db.execute(
+                update(LedgerAccount)
+                .where(LedgerAccount.id == account.id)
+                .values(balance_micro=LedgerAccount.balance_micro + amount)
+                .execution_options(synchronize_session=False)
+            )
+        db.flush()
+        for account, _ in moves:
+            db.refresh(account, ["balance_micro"])
+        return tx
+
+    def _transaction_record(self, db: Session, tx: LedgerTransaction) -> TransactionRecord:
+        rows = db.execute(
+            select(LedgerAccount.code, LedgerAccount.account_id, Posting.amount_micro)
+            .join(LedgerAccount, LedgerAccount.id == Posting.ledger_account_id)
+            .where(Posting.transaction_id == tx.id)
+            .order_by(Posting.id)
+        ).all()
+        username = None
+        if tx.account_id is not None:
+            username = db.scalar(select(Account.username).where(Account.id == tx.account_id))
+        net = sum(amount for _, owner, amount in rows if owner is not None)
+        return TransactionRecord(
+            id=tx.id,
+            username=username,
+            kind=tx.kind,
+            amount_micro=net,
+            postings=tuple((code, amount) for code, _, amount in rows),
+            session_id=tx.session_id,
+            idempotency_key=tx.idempotency_key,
+            memo=tx.memo,
+            created_by=tx.created_by,
+            created_at=tx.created_at,
+        )
+
+    # -- accounts --------------------------------------------------------------------------
 
     def _account(self, db: Session, username: str) -> Account | None:
         return db.scalar(select(Account).where(Account.username == username))
@@ -187,35 +395,67 @@ class Store:
         db.add(account)
         db.flush()
         if self.trial_credit_micro:
-            db.add(
-                LedgerEntry(
-                    account_id=account.id,
-                    kind="trial",
-                    amount_micro=self.trial_credit_micro,
-                    idempotency_key=f"trial:{username}",
-                    memo="trial credit",
-                    created_at=now,
-                )
+            pool = self._ledger_account(
+                db, ledger.pool_code(username, "trial"), account.id, "trial"
+            )
+            counter = self._system(db, ledger.counter_account("trial"))
+            self._post(
+                db,
+                key=f"trial:{username}",
+                kind="trial",
+                account_id=account.id,
+                moves=[(pool, self.trial_credit_micro), (counter, -self.trial_credit_micro)],
+                now=now,
+                memo="trial credit",
             )
         return account, True
 
-    def _state(self, db: Session, account: Account) -> AccountState:
-        balance = db.scalar(
-            select(func.coalesce(func.sum(LedgerEntry.amount_micro), 0)).where(
-                LedgerEntry.account_id == account.id
-            )
-        )
-        running = db.scalars(
+    def _states(
+        self, db: Session, accounts: Sequence[Account], now: datetime
+    ) -> list[AccountState]:
+        """States of many accounts in four queries (enforcement reads every running account)."""
+        ids = [a.id for a in accounts]
+        if not ids:
+            return []
+        pools: dict[int, dict[str, int]] = defaultdict(dict)
+        for owner, code, balance in db.execute(
+            select(LedgerAccount.account_id, LedgerAccount.code, LedgerAccount.balance_micro)
+            .where(LedgerAccount.account_id.in_(ids))
+            .order_by(LedgerAccount.id)
+        ):
+            pools[owner][code] = balance
+        running: dict[int, list[SessionRecord]] = defaultdict(list)
+        for row in db.scalars(
             select(BillingSession)
-            .where(BillingSession.account_id == account.id, BillingSession.ended_at.is_(None))
+            .where(BillingSession.account_id.in_(ids), BillingSession.ended_at.is_(None))
             .order_by(BillingSession.started_at.desc(), BillingSession.id)
+        ):
+            running[row.account_id].append(_session_record(row))
+        held: dict[int, int] = dict(
+            db.execute(
+                select(Hold.account_id, func.sum(Hold.amount_micro))
+                .where(
+                    Hold.account_id.in_(ids),
+                    Hold.released_at.is_(None),
+                    Hold.expires_at > now,
+                )
+                .group_by(Hold.account_id)
+            ).all()
         )
-        return AccountState(
-            username=account.username,
-            created_at=account.created_at,
-            balance_micro=int(balance),
-            running=tuple(_session_record(row) for row in running),
-        )
+        return [
+            AccountState(
+                username=a.username,
+                created_at=a.created_at,
+                balance_micro=sum(pools[a.id].values()),
+                running=tuple(running[a.id]),
+                pools=dict(pools[a.id]),
+                held_micro=int(held.get(a.id) or 0),
+            )
+            for a in accounts
+        ]
+
+    def _state(self, db: Session, account: Account, now: datetime) -> AccountState:
+        return self._states(db, [account], now)[0]
 
     def open_account(self, username: str, now: datetime) -> tuple[AccountState, bool]:
         """Open ``username``'s account with trial credit once; True when it was created."""
@@ -223,71 +463,197 @@ class Store:
         def work(db: Session) -> tuple[AccountState, bool]:
             account, created = self._open(db, username, now)
             db.flush()
-            return self._state(db, account), created
+            return self._state(db, account, now), created
 
         return self._write(work)
 
-    def account(self, username: str) -> AccountState:
+    def account(self, username: str, now: datetime) -> AccountState:
         """The account of ``username``; ``NotFound`` when it was never opened."""
         with self._sessionmaker() as db:
             account = self._account(db, username)
             if account is None:
-                raise NotFound(f"No billing account for {username!r}; it is opened at first login")
-            return self._state(db, account)
+                raise _not_found(username)
+            return self._state(db, account, now)
 
-    def accounts_with_running_sessions(self) -> list[AccountState]:
+    def accounts(self, now: datetime) -> list[AccountState]:
+        """Every account, by username."""
+        with self._sessionmaker() as db:
+            rows = db.scalars(select(Account).order_by(Account.username)).all()
+            return self._states(db, rows, now)
+
+    def accounts_with_running_sessions(self, now: datetime) -> list[AccountState]:
         """Every account that has at least one open session."""
         with self._sessionmaker() as db:
             ids = select(BillingSession.account_id).where(BillingSession.ended_at.is_(None))
-            accounts = db.scalars(select(Account).where(Account.id.in_(ids)).order_by(Account.id))
-            return [self._state(db, account) for account in accounts]
+            rows = db.scalars(select(Account).where(Account.id.in_(ids)).order_by(Account.id))
+            return self._states(db, rows.all(), now)
 
-    def adjust(
-        self, username: str, amount_micro: int, reason: str, idempotency_key: str, now: datetime
-    ) -> tuple[EntryRecord, bool]:
-        """Credit (or debit) an account by an admin; the same key returns the first entry."""
-        key = f"adjustment:{idempotency_key}"
+    # -- funding ---------------------------------------------------------------------------
 
-        def work(db: Session) -> tuple[EntryRecord, bool]:
-            existing = db.scalar(select(LedgerEntry).where(LedgerEntry.idempotency_key == key))
+    def grant(
+        self,
+        username: str,
+        kind: str,
+        amount_micro: int,
+        reason: str,
+        idempotency_key: str,
+        now: datetime,
+        *,
+        created_by: str = "",
+        course: str = "",
+    ) -> tuple[TransactionRecord, bool]:
+        """Fund (or, for an adjustment, debit) an account; the same key returns the first one.
+
+        ``kind`` is one of ``ledger.FUNDING_KINDS``; only adjustments may be negative, and
+        only allowances name a course."""
+        if kind not in ledger.FUNDING_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ledger.FUNDING_KINDS)}, not {kind!r}")
+        if amount_micro == 0 or (amount_micro < 0 and kind != "adjustment"):
+            raise ValueError(
+                f"amount: a {kind} must be positive"
+                + (" (a negative adjustment takes credit away)" if kind == "adjustment" else "")
+            )
+        if (kind == "allowance") != bool(course):
+            raise ValueError(
+                "course: an allowance names its course"
+                if kind == "allowance"
+                else f"course: only an allowance names a course, not a {kind}"
+            )
+        key = f"grant:{idempotency_key}"
+
+        def work(db: Session) -> tuple[TransactionRecord, bool]:
+            existing = db.scalar(
+                select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key)
+            )
             if existing is not None:
-                owner = db.get(Account, existing.account_id)
-                return _entry_record(existing, owner.username), False
+                return self._transaction_record(db, existing), False
             account = self._account(db, username)
             if account is None:
-                raise NotFound(f"No billing account for {username!r}; it is opened at first login")
-            entry = LedgerEntry(
-                account_id=account.id,
-                kind="adjustment",
-                amount_micro=amount_micro,
-                idempotency_key=key,
-                memo=reason,
-                created_at=now,
+                raise _not_found(username)
+            pool_name = ledger.funding_pool(kind)
+            pool = self._ledger_account(
+                db, ledger.pool_code(username, pool_name, course), account.id, pool_name, course
             )
-            db.add(entry)
-            db.flush()
-            return _entry_record(entry, username), True
+            counter = self._system(db, ledger.counter_account(kind))
+            tx = self._post(
+                db,
+                key=key,
+                kind=kind,
+                account_id=account.id,
+                moves=[(pool, amount_micro), (counter, -amount_micro)],
+                now=now,
+                memo=reason,
+                created_by=created_by,
+            )
+            return self._transaction_record(db, tx), True
 
         return self._write(work)
 
-    def entries(self, username: str) -> list[EntryRecord]:
+    def adjust(
+        self, username: str, amount_micro: int, reason: str, idempotency_key: str, now: datetime
+    ) -> tuple[TransactionRecord, bool]:
+        """An admin's signed adjustment of the paid pool (``grant`` of kind adjustment)."""
+        return self.grant(username, "adjustment", amount_micro, reason, idempotency_key, now)
+
+    def transactions(self, username: str) -> list[TransactionRecord]:
         """The ledger of ``username``, oldest first."""
         with self._sessionmaker() as db:
             account = self._account(db, username)
             if account is None:
-                raise NotFound(f"No billing account for {username!r}")
+                raise _not_found(username)
             rows = db.scalars(
-                select(LedgerEntry)
-                .where(LedgerEntry.account_id == account.id)
-                .order_by(LedgerEntry.id)
+                select(LedgerTransaction)
+                .where(LedgerTransaction.account_id == account.id)
+                .order_by(LedgerTransaction.id)
             )
-            return [_entry_record(row, username) for row in rows]
+            return [self._transaction_record(db, row) for row in rows]
 
-    # admission
+    # -- price books -----------------------------------------------------------------------
 
-    def price(self, sku: str, price_class: str = "on-demand") -> int:
-        """Micro-credits per hour of ``sku``; ``UnknownSku`` says what to do."""
-        price = self.price_book.price(sku, price_class)
+    def _book(self, db: Session, version: int | None) -> PriceBookRecord | None:
+        if version is None:
+            return None
+        row = db.get(PriceBookVersion, version)
+        if version not in self._books:
+            self._books[version] = book_from_json(row.book)
+        return PriceBookRecord(
+            version=row.version,
+            created_at=row.created_at,
+            created_by=row.created_by,
+            source=row.source,
+            book=self._books[version],
+        )
+
+    def price_book_at(self, when: datetime | None = None) -> tuple[int | None, PriceBook]:
+        """The version in force at ``when`` (now when None): the newest published by then.
+
+        Before any version is recorded, the settings' book (version None)."""
+        with self._sessionmaker() as db:
+            query = select(func.max(PriceBookVersion.version))
+            if when is not None:
+                query = query.where(PriceBookVersion.created_at <= when)
+            version = db.scalar(query)
+            if version is None and when is not None:  # a start before the first version
+                version = db.scalar(select(func.min(PriceBookVersion.version)))
+            record = self._book(db, version)
+        if record is None:
+            return None, self.settings_price_book
+        return record.version, record.book
+
+    def price_books(self) -> list[PriceBookRecord]:
+        """Every published version, newest first."""
+        with self._sessionmaker() as db:
+            versions = db.scalars(
+                select(PriceBookVersion.version).order_by(PriceBookVersion.version.desc())
+            ).all()
+            return [self._book(db, v) for v in versions]
+
+    def publish_price_book(
+        self, book: PriceBook, created_by: str, source: str, now: datetime
+    ) -> tuple[PriceBookRecord, bool]:
+        """Record ``book`` as the newest version unless it equals the newest one already."""
+        text = book_json(book)
+
+        def work(db: Session) -> tuple[PriceBookRecord, bool]:
+            latest = db.scalar(
+                select(PriceBookVersion).order_by(PriceBookVersion.version.desc()).limit(1)
+            )
+            if latest is not None and latest.book == text:
+                return self._book(db, latest.version), False
+            version = (latest.version + 1) if latest is not None else 1
+            db.add(
+                PriceBookVersion(
+                    version=version,
+                    created_at=max(now, latest.created_at) if latest else now,
+                    created_by=created_by,
+                    source=source,
+                    book=text,
+                )
+            )
+            db.flush()
+            return self._book(db, version), True
+
+        return self._write(work)
+
+    def sync_price_book(self, now: datetime) -> PriceBookRecord:
+        """At start-up: the settings' book becomes a new version if it changed since the
+        settings were last recorded (an admin's later version stays in force otherwise)."""
+        text = book_json(self.settings_price_book)
+        with self._sessionmaker() as db:
+            last_settings = db.scalar(
+                select(PriceBookVersion.book)
+                .where(PriceBookVersion.source == "settings")
+                .order_by(PriceBookVersion.version.desc())
+                .limit(1)
+            )
+        if last_settings != text:
+            self.publish_price_book(self.settings_price_book, "settings", "settings", now)
+        versions = self.price_books()
+        return versions[0]
+
+    def price(self, sku: str, price_class: str = "on-demand", at: datetime | None = None) -> int:
+        """Micro-credits per hour of ``sku`` at ``at`` (now); ``UnknownSku`` says what to do."""
+        price = self.price_book_at(at)[1].price(sku, price_class)
         if price is None:
             raise UnknownSku(
                 f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
@@ -295,30 +661,81 @@ class Store:
             )
         return price
 
+    # -- admission and holds ---------------------------------------------------------------
+
     def admit(
-        self, username: str, sku: str, count: int, now: datetime, price_class: str = "on-demand"
+        self,
+        username: str,
+        sku: str,
+        count: int,
+        now: datetime,
+        price_class: str = "on-demand",
+        *,
+        hold: bool = True,
+        idempotency_key: str | None = None,
     ) -> Admission:
-        """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period."""
+        """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period
+        beyond what holds and young servers already claim; when allowed, a hold claims it.
+
+        With ``idempotency_key`` the hold's id is that key: asking again (a retried request)
+        answers with the same hold instead of placing a second one."""
         price = self.price(sku, price_class)
-
-        def work(db: Session) -> AccountState:
-            account, _ = self._open(db, username, now)
-            db.flush()
-            return self._state(db, account)
-
-        state = self._write(work)
         rate = price * count
         needed = cost_micro(price, count, self.min_billable_seconds)
-        available = state.available_at(now)
-        allowed = available >= needed
+
+        def work(db: Session) -> tuple[AccountState, HoldRecord | None, bool]:
+            account, _ = self._open(db, username, now)
+            db.flush()
+            # one admission per account at a time, across replicas
+            db.scalar(select(Account.id).where(Account.id == account.id).with_for_update())
+            if idempotency_key is not None:
+                earlier = db.get(Hold, idempotency_key)
+                if earlier is not None:
+                    if earlier.account_id != account.id:
+                        raise ValueError(
+                            "idempotency_key: already used by another account's admission"
+                        )
+                    state = self._state(db, account, now)
+                    return state, _hold_record(earlier, username), True
+            state = self._state(db, account, now)
+            if not hold or state.admissible_at(now, self.min_billable_seconds) < needed:
+                return state, None, False
+            row = Hold(
+                id=idempotency_key or uuid.uuid4().hex,
+                account_id=account.id,
+                sku=sku,
+                count=count,
+                price_class=price_class,
+                amount_micro=needed,
+                created_at=now,
+                expires_at=now + timedelta(seconds=self.hold_seconds),
+                release_reason="",
+            )
+            db.add(row)
+            db.flush()
+            return state, _hold_record(row, username), False
+
+        state, placed, replayed = self._write(work)
+        free = state.admissible_at(now, self.min_billable_seconds)
+        # a replay answers as the first time did: its hold is already among the held credit
+        if replayed and placed.released_at is None:
+            free += placed.amount_micro
+        allowed = replayed or free >= needed
         what = sku if count == 1 else f"{count} x {sku}"
         if allowed:
             message = f"Admitted {what} at {format_credits(rate)}/h"
         else:
+            claimed = ""
+            if free < state.available_at(now):
+                claimed = (
+                    f" ({format_credits(state.available_at(now) - free)} is held for servers "
+                    "starting or started in the last "
+                    f"{format_duration(self.min_billable_seconds)})"
+                )
             message = (
                 f"Not enough credit for {what}: {format_duration(self.min_billable_seconds)} "
                 f"at {format_credits(rate)}/h needs {format_credits(needed)} credits, "
-                f"you have {format_credits(max(available, 0))} available. "
+                f"you have {format_credits(max(free, 0))} available{claimed}. "
                 "Stop a running server or ask an admin for credit."
             )
         return Admission(
@@ -327,12 +744,45 @@ class Store:
             count=count,
             price_per_hour_micro=price,
             needed_micro=needed,
-            available_micro=available,
-            seconds_left=seconds_covered(available, state.rate_per_hour_micro + rate),
+            available_micro=free,
+            seconds_left=seconds_covered(state.available_at(now), state.rate_per_hour_micro + rate),
             message=message,
+            hold=placed,
         )
 
-    # sessions
+    def release_hold(self, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
+        """Give a hold's credit back (a start failed); a released hold stays as it was."""
+
+        def work(db: Session) -> HoldRecord:
+            row = db.get(Hold, hold_id, with_for_update=True)
+            if row is None:
+                raise NotFound(f"No hold {hold_id!r}; holds come from POST api/admission")
+            if row.released_at is None:
+                row.released_at = now
+                row.release_reason = reason
+            username = db.scalar(select(Account.username).where(Account.id == row.account_id))
+            return _hold_record(row, username)
+
+        return self._write(work)
+
+    def holds(self, username: str, now: datetime) -> list[HoldRecord]:
+        """Active holds of ``username``, oldest first."""
+        with self._sessionmaker() as db:
+            account = self._account(db, username)
+            if account is None:
+                raise _not_found(username)
+            rows = db.scalars(
+                select(Hold)
+                .where(
+                    Hold.account_id == account.id,
+                    Hold.released_at.is_(None),
+                    Hold.expires_at > now,
+                )
+                .order_by(Hold.created_at, Hold.id)
+            )
+            return [_hold_record(row, username) for row in rows]
+
+    # -- sessions --------------------------------------------------------------------------
 
     def start_session(
         self,
@@ -344,17 +794,26 @@ class Store:
         started_at: datetime,
         now: datetime,
         price_class: str = "on-demand",
+        *,
+        hold_id: str | None = None,
+        course: str = "",
     ) -> tuple[SessionRecord, bool]:
-        """Record a started server with today's price; the same id returns the first record."""
+        """Record a started server, priced by the book in force when it started; the same id
+        returns the first record. ``hold_id`` (its admission's hold) is released as started."""
 
         def work(db: Session) -> tuple[SessionRecord, bool]:
             existing = db.get(BillingSession, session_id)
             if existing is not None:
                 return _session_record(existing), False
-            price = self.price(sku, price_class)
+            version, book = self.price_book_at(started_at)
+            price = book.price(sku, price_class)
+            if price is None:
+                raise UnknownSku(
+                    f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
+                    "listed by GET api/prices"
+                )
             account, _ = self._open(db, username, now)
             row = BillingSession(
-                price_class=price_class,
                 id=session_id,
                 account_id=account.id,
                 username=username,
@@ -362,19 +821,70 @@ class Store:
                 sku=sku,
                 count=count,
                 price_per_hour_micro=price,
+                price_class=price_class,
                 started_at=started_at,
+                charged_micro=0,
+                course=course,
+                price_book_version=version,
             )
             db.add(row)
             db.flush()
+            if hold_id:
+                held = db.get(Hold, hold_id, with_for_update=True)
+                if held is not None and held.account_id == account.id:
+                    if held.released_at is None:
+                        held.released_at = now
+                        held.release_reason = "started"
+                    held.session_id = session_id
             return _session_record(row), True
 
         return self._write(work)
 
+    def _charge_to(
+        self, db: Session, row: BillingSession, target: int, key: str, now: datetime
+    ) -> int:
+        """Bring ``row``'s charges to ``target``; returns the amount posted (0: nothing)."""
+        amount = target - row.charged_micro
+        if amount == 0:
+            return 0
+        account = db.get(Account, row.account_id)
+        pools = self._pools(db, account, row.course)
+        if amount > 0:
+            parts = ledger.split_charge(amount, [p.balance_micro for p in pools])
+        else:
+            taken = dict(
+                db.execute(
+                    select(Posting.ledger_account_id, func.sum(Posting.amount_micro))
+                    .join(LedgerTransaction, LedgerTransaction.id == Posting.transaction_id)
+                    .where(
+                        LedgerTransaction.session_id == row.id,
+                        LedgerTransaction.kind == ledger.CHARGE,
+                    )
+                    .group_by(Posting.ledger_account_id)
+                ).all()
+            )
+            back = ledger.split_refund(-amount, [-int(taken.get(p.id) or 0) for p in pools])
+            parts = [-part for part in back]
+        revenue = self._system(db, ledger.REVENUE)
+        moves = [(pool, -part) for pool, part in zip(pools, parts, strict=True)]
+        self._post(
+            db,
+            key=key,
+            kind=ledger.CHARGE,
+            account_id=row.account_id,
+            session_id=row.id,
+            moves=[*moves, (revenue, amount)],
+            now=now,
+            memo=f"{row.username}/{row.server_name}: {row.count} x {row.sku}",
+        )
+        row.charged_micro = target
+        return amount
+
     def stop_session(self, session_id: str, ended_at: datetime, now: datetime) -> SessionRecord:
-        """Settle a session: final seconds and cost, one charge entry. Replays change nothing."""
+        """Settle a session: final seconds and cost, the final charge. Replays change nothing."""
 
         def work(db: Session) -> SessionRecord:
-            # the row lock makes a concurrent stop wait, then see this one's result
+            # the row lock makes a concurrent stop (or charge) wait, then see this one's result
             row = db.get(BillingSession, session_id, with_for_update=True)
             if row is None:
                 raise NotFound(f"No session {session_id!r}; start it with POST api/sessions")
@@ -390,34 +900,145 @@ class Store:
             row.ended_at = ended_at
             row.billed_seconds = seconds
             row.cost_micro = cost
-            db.add(
-                LedgerEntry(
-                    account_id=row.account_id,
-                    kind="charge",
-                    amount_micro=-cost,
-                    session_id=row.id,
-                    idempotency_key=f"charge:{row.id}",
-                    memo=f"{row.username}/{row.server_name}: {row.count} x {row.sku}, {seconds} s",
-                    created_at=now,
-                )
-            )
+            self._charge_to(db, row, cost, f"charge:{row.id}:final", now)
             db.flush()
             return _session_record(row)
 
         return self._write(work)
 
-    def sessions(self, username: str | None, state: str | None = None) -> list[SessionRecord]:
-        """Sessions newest first; ``username`` None means everyone, ``state`` running|ended."""
-        query = select(BillingSession)
-        if username is not None:
-            query = query.where(BillingSession.username == username)
-        if state == "running":
-            query = query.where(BillingSession.ended_at.is_(None))
-        elif state == "ended":
-            query = query.where(BillingSession.ended_at.is_not(None))
-        query = query.order_by(BillingSession.started_at.desc(), BillingSession.id.desc())
+    def post_interval_charges(
+        self, now: datetime, interval_seconds: int, batch_size: int = 200
+    ) -> int:
+        """Charge every open session up to its last whole interval; returns charges posted.
+
+        Sessions are taken in batches of ``batch_size`` (one transaction each), locked with
+        SKIP LOCKED so replicas share the work instead of waiting for each other."""
+        posted = 0
+        after = ""
+        while True:
+
+            def work(db: Session, after: str = after) -> tuple[int, str, int]:
+                rows = db.scalars(
+                    select(BillingSession)
+                    .where(BillingSession.ended_at.is_(None), BillingSession.id > after)
+                    .order_by(BillingSession.id)
+                    .limit(batch_size)
+                    .with_for_update(skip_locked=True)
+                ).all()
+                return (
+                    self._charge_batch(db, rows, now, interval_seconds),
+                    (rows[-1].id if rows else after),
+                    len(rows),
+                )
+
+            count, after, seen = self._write(work)
+            posted += count
+            if seen < batch_size:
+                return posted
+
+    def _charge_batch(
+        self, db: Session, rows: Sequence[BillingSession], now: datetime, interval: int
+    ) -> int:
+        """Interval charges of ``rows`` in bulk: one insert per table, one update per table."""
+        due: list[tuple[BillingSession, int, int]] = []
+        for row in rows:
+            if now <= row.started_at:
+                continue
+            k = billed_seconds(row.started_at, now) // interval
+            target = cost_micro(row.price_per_hour_micro, row.count, k * interval)
+            if k > 0 and target > row.charged_micro:
+                due.append((row, k, target))
+        if not due:
+            return 0
+        accounts = {
+            a.id: a
+            for a in db.scalars(
+                select(Account).where(Account.id.in_({row.account_id for row, _, _ in due}))
+            )
+        }
+        wanted: dict[str, tuple[int, str, str]] = {}
+        for row, _, _ in due:
+            for pool, course in ledger.funding_order(row.course):
+                code = ledger.pool_code(accounts[row.account_id].username, pool, course)
+                wanted[code] = (row.account_id, pool, course)
+        existing = set(db.scalars(select(LedgerAccount.code).where(LedgerAccount.code.in_(wanted))))
+        for code in wanted.keys() - existing:
+            owner, pool, course = wanted[code]
+            self._ledger_account(db, code, owner, pool, course)
+        pools = {
+            p.code: p
+            for p in db.scalars(
+                select(LedgerAccount)
+                .where(LedgerAccount.code.in_(wanted))
+                .order_by(LedgerAccount.id)
+                .with_for_update()
+            )
+        }
+        revenue = self._system(db, ledger.REVENUE)
+        balances = {p.id: p.balance_micro for p in pools.values()}
+        tx_rows: list[dict] = []
+        splits: list[list[tuple[int, int]]] = []
+        for row, k, target in due:
+            amount = target - row.charged_micro
+            order = [
+                pools[ledger.pool_code(accounts[row.account_id].username, pool, course)]
+                for pool, course in ledger.funding_order(row.course)
+            ]
+            parts = ledger.split_charge(amount, [balances[p.id] for p in order])
+            moves = [(p.id, -part) for p, part in zip(order, parts, strict=True) if part]
+            for pool_id, delta in moves:
+                balances[pool_id] += delta
+            splits.append([*moves, (revenue.id, amount)])
+            tx_rows.append(
+                {
+                    "idempotency_key": f"charge:{row.id}:{k}",
+                    "kind": ledger.CHARGE,
+                    "account_id": row.account_id,
+                    "session_id": row.id,
+                    "memo": f"{row.username}/{row.server_name}: {row.count} x {row.sku}",
+                    "created_by": "",
+                    "created_at": now,
+                }
+            )
+        ids = db.scalars(
+            insert(LedgerTransaction).returning(LedgerTransaction.id, sort_by_parameter_order=True),
+            tx_rows,
+        ).all()
+        db.execute(
+            insert(Posting),
+            [
+                {"transaction_id": tx_id, "ledger_account_id": account_id, "amount_micro": amount}
+                for tx_id, moves in zip(ids, splits, strict=True)
+                for account_id, amount in moves
+            ],
+        )
+        changed = {p.id for p in pools.values() if balances[p.id] != p.balance_micro}
+        if changed:
+            db.execute(
+                update(LedgerAccount),
+                [{"id": pid, "balance_micro": balances[pid]} for pid in sorted(changed)],
+            )
+        total = sum(target - row.charged_micro for row, _, target in due)
+        db.execute(
+            update(LedgerAccount)
+            .where(LedgerAccount.id == revenue.id)
+            .values(balance_micro=LedgerAccount.balance_micro + total)
+            .execution_options(synchronize_session=False)
+        )
+        db.execute(
+            update(BillingSession),
+            [{"id": row.id, "charged_micro": target} for row, _, target in due],
+        )
+        return len(due)
+
+    def running_count(self) -> int:
+        """How many sessions are open."""
         with self._sessionmaker() as db:
-            return [_session_record(row) for row in db.scalars(query)]
+            return db.scalar(
+                select(func.count())
+                .select_from(BillingSession)
+                .where(BillingSession.ended_at.is_(None))
+            )
 
     def mark_seen(self, session_ids: list[str], at: datetime) -> None:
         """Record that the servers of ``session_ids`` were seen running at ``at``."""
@@ -432,3 +1053,110 @@ class Store:
             )
 
         self._write(work)
+
+    def sessions(
+        self,
+        username: str | None,
+        state: str | None = None,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[SessionRecord]:
+        """Sessions newest first; ``username`` None means everyone, ``state`` running|ended;
+        ``since``/``until`` keep those that overlap that time range."""
+        query = select(BillingSession)
+        if username is not None:
+            query = query.where(BillingSession.username == username)
+        if state == "running":
+            query = query.where(BillingSession.ended_at.is_(None))
+        elif state == "ended":
+            query = query.where(BillingSession.ended_at.is_not(None))
+        if since is not None:
+            query = query.where(
+                (BillingSession.ended_at.is_(None)) | (BillingSession.ended_at > since)
+            )
+        if until is not None:
+            query = query.where(BillingSession.started_at < until)
+        query = query.order_by(BillingSession.started_at.desc(), BillingSession.id.desc())
+        with self._sessionmaker() as db:
+            return [_session_record(row) for row in db.scalars(query)]
+
+    # -- the ledger check ------------------------------------------------------------------
+
+    def check_ledger(self) -> list[LedgerProblem]:
+        """Everything that would make the books wrong; an empty list means they balance.
+
+        Every transaction has postings summing to zero; every ledger account's balance is the
+        sum of its postings; all balances sum to zero; every session's ``charged_micro`` is
+        what its charge transactions took from its owner's pools, and an ended session was
+        charged exactly its cost."""
+        problems: list[LedgerProblem] = []
+        with self._sessionmaker() as db:
+            sums = (
+                select(
+                    LedgerTransaction.idempotency_key,
+                    func.coalesce(func.sum(Posting.amount_micro), 0),
+                    func.count(Posting.id),
+                )
+                .outerjoin(Posting, Posting.transaction_id == LedgerTransaction.id)
+                .group_by(LedgerTransaction.id, LedgerTransaction.idempotency_key)
+            )
+            for key, total, n in db.execute(sums):
+                if total != 0 or n < 2:
+                    problems.append(
+                        LedgerProblem("unbalanced transaction", f"{key}: sum {total}, {n} postings")
+                    )
+            balances = (
+                select(
+                    LedgerAccount.code,
+                    LedgerAccount.balance_micro,
+                    func.coalesce(func.sum(Posting.amount_micro), 0),
+                )
+                .outerjoin(Posting, Posting.ledger_account_id == LedgerAccount.id)
+                .group_by(LedgerAccount.id, LedgerAccount.code, LedgerAccount.balance_micro)
+            )
+            grand = 0
+            for code, balance, total in db.execute(balances):
+                grand += balance
+                if balance != total:
+                    problems.append(
+                        LedgerProblem("balance differs", f"{code}: {balance} != sum {total}")
+                    )
+            if grand != 0:
+                problems.append(LedgerProblem("books do not sum to zero", str(grand)))
+            charged = dict(
+                db.execute(
+                    select(LedgerTransaction.session_id, -func.sum(Posting.amount_micro))
+                    .join(Posting, Posting.transaction_id == LedgerTransaction.id)
+                    .join(LedgerAccount, LedgerAccount.id == Posting.ledger_account_id)
+                    .where(
+                        LedgerTransaction.kind == ledger.CHARGE,
+                        LedgerAccount.account_id.is_not(None),
+                    )
+                    .group_by(LedgerTransaction.session_id)
+                ).all()
+            )
+            for row in db.execute(
+                select(
+                    BillingSession.id,
+                    BillingSession.charged_micro,
+                    BillingSession.cost_micro,
+                    BillingSession.ended_at,
+                )
+            ):
+                posted = int(charged.get(row.id) or 0)
+                if posted != row.charged_micro:
+                    problems.append(
+                        LedgerProblem(
+                            "session charges differ",
+                            f"{row.id}: charged_micro {row.charged_micro}, postings {posted}",
+                        )
+                    )
+                if row.ended_at is not None and row.charged_micro != row.cost_micro:
+                    problems.append(
+                        LedgerProblem(
+                            "ended session not settled",
+                            f"{row.id}: cost {row.cost_micro}, charged {row.charged_micro}",
+                        )
+                    )
+        return problems

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from .money import format_credits, seconds_covered
-from .store import AccountState, EntryRecord, SessionRecord
+from .store import AccountState, HoldRecord, PriceBookRecord, SessionRecord, TransactionRecord
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -30,42 +30,123 @@ def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
         "billed_seconds": session.seconds_at(now),
         "cost_micro": cost,
         "cost": format_credits(cost),
+        "charged_micro": session.charged_micro,
+        "course": session.course,
+        "price_book_version": session.price_book_version,
         "state": "ended" if session.ended_at is not None else "running",
     }
 
 
-def account_view(state: AccountState, now: datetime, currency: str) -> dict[str, Any]:
-    """Balance, what running servers cost so far, and how long the rest lasts."""
+def warnings_view(
+    seconds_left: int | None, rate_per_hour_micro: int, thresholds: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """The "credit runs out soon" warning for the smallest threshold crossed, if any."""
+    if seconds_left is None:
+        return []
+    crossed = [t for t in thresholds if seconds_left <= t]
+    if not crossed:
+        return []
+    threshold = min(crossed)
+    left = "no credit" if seconds_left <= 0 else f"about {format_duration_short(seconds_left)}"
+    return [
+        {
+            "threshold_seconds": threshold,
+            "seconds_left": seconds_left,
+            "message": (
+                f"{left[0].upper()}{left[1:]} of credit left at "
+                f"{format_credits(rate_per_hour_micro)}/h; running servers stop when it runs "
+                "out (files are kept). Stop a server or ask for credit to keep going."
+            ),
+        }
+    ]
+
+
+def format_duration_short(seconds: int) -> str:
+    """Whole minutes ("14 min") above a minute, else seconds ("45 s")."""
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min"
+
+
+def account_view(
+    state: AccountState, now: datetime, currency: str, warning_seconds: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    """Balance, what running servers cost so far, and how long the rest lasts.
+
+    ``balance`` already includes the interval charges of running servers; ``available`` is
+    the balance less what they cost beyond those charges."""
     running_cost = state.running_cost_at(now)
-    available = state.balance_micro - running_cost
+    available = state.available_at(now)
     rate = state.rate_per_hour_micro
+    seconds_left = seconds_covered(available, rate)
     return {
         "username": state.username,
         "currency": currency,
         "created_at": _iso(state.created_at),
         "balance_micro": state.balance_micro,
         "balance": format_credits(state.balance_micro),
+        "pools": {
+            code.split(":", 2)[2]: {"balance_micro": micro, "balance": format_credits(micro)}
+            for code, micro in state.pools.items()
+        },
+        "held_micro": state.held_micro,
+        "held": format_credits(state.held_micro),
         "running_cost_micro": running_cost,
         "running_cost": format_credits(running_cost),
         "available_micro": available,
         "available": format_credits(available),
         "rate_per_hour_micro": rate,
         "rate_per_hour": format_credits(rate),
-        "seconds_left": seconds_covered(available, rate),
+        "seconds_left": seconds_left,
+        "warnings": warnings_view(seconds_left, rate, warning_seconds),
         "running": [session_view(s, now) for s in state.running],
         "as_of": now.isoformat(),
     }
 
 
-def entry_view(entry: EntryRecord) -> dict[str, Any]:
+def transaction_view(tx: TransactionRecord) -> dict[str, Any]:
+    """A ledger transaction: the net to the user's pools, and every posting."""
     return {
-        "id": entry.id,
-        "username": entry.username,
-        "kind": entry.kind,
-        "amount_micro": entry.amount_micro,
-        "amount": format_credits(entry.amount_micro),
-        "session_id": entry.session_id,
-        "idempotency_key": entry.idempotency_key.removeprefix("adjustment:"),
-        "memo": entry.memo,
-        "created_at": _iso(entry.created_at),
+        "id": tx.id,
+        "username": tx.username,
+        "kind": tx.kind,
+        "amount_micro": tx.amount_micro,
+        "amount": format_credits(tx.amount_micro),
+        "postings": [
+            {"account": code, "amount_micro": micro, "amount": format_credits(micro)}
+            for code, micro in tx.postings
+        ],
+        "session_id": tx.session_id,
+        "idempotency_key": tx.idempotency_key.removeprefix("grant:"),
+        "memo": tx.memo,
+        "created_by": tx.created_by,
+        "created_at": _iso(tx.created_at),
+    }
+
+
+def hold_view(hold: HoldRecord) -> dict[str, Any]:
+    return {
+        "id": hold.id,
+        "username": hold.username,
+        "sku": hold.sku,
+        "count": hold.count,
+        "price_class": hold.price_class,
+        "amount_micro": hold.amount_micro,
+        "amount": format_credits(hold.amount_micro),
+        "created_at": _iso(hold.created_at),
+        "expires_at": _iso(hold.expires_at),
+        "released_at": _iso(hold.released_at),
+        "release_reason": hold.release_reason,
+        "session_id": hold.session_id,
+    }
+
+
+def price_book_view(record: PriceBookRecord) -> dict[str, Any]:
+    book = record.book
+    return {
+        "version": record.version,
+        "created_at": _iso(record.created_at),
+        "created_by": record.created_by,
+        "source": record.source,
+        "prices": {sku: format_credits(micro) for sku, micro in sorted(book.configured().items())},
+        "spot_discount_percent": book.spot_discount_percent,
+        "shared_percent": book.shared_percent,
     }

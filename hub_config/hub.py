@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
 BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
+BILLING_METRICS_SCOPE = "custom:gputap-billing:metrics"
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -278,5 +279,8 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
     c.JupyterHub.load_roles = roles
     c.JupyterHub.custom_scopes = {
         BILLING_HUB_SCOPE: {"description": "Open accounts, admit spawns, start and stop sessions"},
-        BILLING_ADMIN_SCOPE: {"description": "Read every billing account and adjust credit"},
+        BILLING_ADMIN_SCOPE: {
+            "description": "Read every billing account, fund accounts, publish prices"
+        },
+        BILLING_METRICS_SCOPE: {"description": "Read billing's Prometheus metrics"},
     }

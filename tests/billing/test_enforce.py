@@ -68,7 +68,7 @@ async def test_enforcer_asks_once_per_window():
     client = RecordingClient()
     accounts = [account(0, running("s1", server="gpu"))]
 
-    async def load():
+    async def load(now):
         return accounts
 
     enforcer = Enforcer(

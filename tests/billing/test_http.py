@@ -119,8 +119,11 @@ def test_session_lifecycle_and_idempotency(hub, as_hub):
     r = as_hub("POST", "api/admission", json={"username": "dora", "sku": "RTX-4090", "count": 1})
     assert r.status_code == 200 and r.json()["allowed"] is True
     assert r.json()["price_per_hour_micro"] == 5_000_000 and r.json()["seconds_left"] == 7200
-    r = as_hub("POST", "api/sessions", json=start)
+    hold = r.json()["hold_id"]
+    assert as_hub("GET", "api/accounts/dora").json()["held_micro"] == 416_666
+    r = as_hub("POST", "api/sessions", json={**start, "hold_id": hold})
     assert r.status_code == 201 and r.json()["state"] == "running"
+    assert as_hub("GET", "api/accounts/dora/holds").json() == {"holds": []}
     r = as_hub("POST", "api/sessions", json={**start, "sku": "T4"})
     assert r.status_code == 200 and r.json()["sku"] == "RTX-4090"
     stop = {"ended_at": "2025-01-01T12:00:00.750000+00:00"}
@@ -307,3 +310,137 @@ def test_spot_prices_come_from_billing(as_hub):
     assert r.json()["prices"]["A100-80GB"]["per_hour_micro"] == 8_000_000 * 40 // 100
     r = as_hub("GET", "api/prices", params={"price_class": "cheap"})
     assert r.status_code == 400 and "price_class" in r.json()["message"]
+
+
+def test_grants_of_every_kind_and_the_transactions_view(as_hub, as_ops, hub):
+    as_hub("PUT", "api/accounts/kim")
+    base = {"reason": "term fee", "idempotency_key": "kim-topup"}
+    r = as_ops("POST", "api/accounts/kim/grants", json={**base, "kind": "topup", "amount": "20"})
+    assert r.status_code == 201, r.text
+    assert r.json()["postings"] == [
+        {"account": "user:kim:paid", "amount_micro": 20_000_000, "amount": "20.00"},
+        {"account": "system:topups", "amount_micro": -20_000_000, "amount": "-20.00"},
+    ]
+    assert r.json()["created_by"] == "ops"
+    allowance = {"kind": "allowance", "amount": "3", "course": "dl101", "reason": "week 1"}
+    r = as_ops("POST", "api/accounts/kim/grants", json={**allowance, "idempotency_key": "kim-a"})
+    assert r.status_code == 201
+    for bad, says in [
+        ({**base, "kind": "gift", "amount": "1", "idempotency_key": "x1"}, "kind"),
+        ({**base, "kind": "refund", "amount": "-1", "idempotency_key": "x2"}, "positive"),
+        (
+            {**base, "kind": "topup", "amount": "1", "course": "c", "idempotency_key": "x3"},
+            "course",
+        ),
+        ({**allowance, "course": None, "idempotency_key": "x4"}, "course"),
+        ({**base, "kind": "topup", "amount": "1.0000001", "idempotency_key": "x5"}, "amount"),
+    ]:
+        r = as_ops("POST", "api/accounts/kim/grants", json=bad)
+        assert r.status_code == 400 and says in r.json()["message"], (bad, r.text)
+    account = user(hub, "kim")("GET", "api/me").json()
+    assert account["balance"] == "33.00"
+    assert set(account["pools"]) == {"trial", "paid", "allowance:dl101"}
+    txs = user(hub, "kim")("GET", "api/accounts/kim/transactions").json()["transactions"]
+    assert [t["kind"] for t in txs] == ["trial", "topup", "allowance"]
+    assert txs[1]["idempotency_key"] == "kim-topup"
+    assert user(hub, "lou")("GET", "api/accounts/kim/transactions").status_code == 403
+    assert (
+        as_hub("POST", "api/accounts/kim/grants", json={**base, "kind": "topup"}).status_code == 403
+    )
+
+
+def test_price_book_versions(as_hub, as_ops, hub):
+    before = as_hub("GET", "api/prices").json()
+    body = {"prices": {**{k: v["per_hour"] for k, v in before["prices"].items()}, "T4": "1.75"}}
+    assert user(hub, "mo")("POST", "api/price-books", json=body).status_code == 403
+    r = as_ops("POST", "api/price-books", json={"prices": {"T4": "-1"}})
+    assert r.status_code == 400 and "negative" in r.json()["message"]
+    r = as_ops("POST", "api/price-books", json={"prices": "cheap"})
+    assert r.status_code == 400 and "prices" in r.json()["message"]
+    r = as_ops("POST", "api/price-books", json=body)
+    assert r.status_code == 201 and r.json()["version"] == before["version"] + 1
+    assert as_ops("POST", "api/price-books", json=body).status_code == 200  # unchanged
+    now = as_hub("GET", "api/prices", params={"sku": ["T4"]}).json()
+    assert now["prices"]["T4"]["per_hour"] == "1.75" and now["version"] == r.json()["version"]
+    books = user(hub, "mo")("GET", "api/price-books").json()["price_books"]
+    assert [b["version"] for b in books][:2] == [r.json()["version"], before["version"]]
+    restore = {"prices": {k: v["per_hour"] for k, v in before["prices"].items()}}
+    assert as_ops("POST", "api/price-books", json=restore).status_code == 201
+
+
+def test_usage_csv_holds_metrics_and_the_ledger_check(as_hub, as_ops, hub):
+    start = {
+        "id": "u1",
+        "username": "nia",
+        "server_name": "",
+        "sku": "A100-80GB",
+        "count": 2,
+        "started_at": "2025-03-01T23:00:00Z",
+    }
+    assert as_hub("POST", "api/sessions", json=start).status_code == 201
+    as_hub("POST", "api/sessions/u1/stop", json={"ended_at": "2025-03-02T01:30:00Z"})
+    usage = user(hub, "nia")(
+        "GET",
+        "api/usage",
+        params={"since": "2025-03-01T00:00:00Z", "until": "2025-03-03T00:00:00Z"},
+    ).json()
+    assert [s["id"] for s in usage["sessions"]] == ["u1"]
+    assert [(d["day"], d["gpu_seconds"]) for d in usage["gpu_hours_by_day"]] == [
+        ("2025-03-01", 7200),
+        ("2025-03-02", 10800),
+    ]
+    assert user(hub, "nia")("GET", "api/usage", params={"username": "kim"}).status_code == 403
+    r = as_ops("GET", "api/usage.csv", params={"username": "nia"})
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/csv")
+    header, row = r.text.splitlines()
+    assert header.startswith("session_id,username,server_name,sku,count")
+    assert row.startswith("u1,nia,,A100-80GB,2,on-demand,,8.00,2025-03-01T23:00:00+00:00")
+    assert row.endswith(",9000,40.00,ended")
+    r = as_ops("GET", "api/usage", params={"since": "yesterday"})
+    assert r.status_code == 400 and "ISO 8601" in r.json()["message"]
+
+    admission = as_hub("POST", "api/admission", json={"username": "pia", "sku": "T4", "count": 1})
+    hold = admission.json()["hold_id"]
+    assert user(hub, "pia")("DELETE", f"api/holds/{hold}").status_code == 403
+    r = as_hub("DELETE", f"api/holds/{hold}")
+    assert r.status_code == 200 and r.json()["release_reason"] == "released"
+    assert as_hub("DELETE", f"api/holds/{hold}").json() == r.json()
+    assert as_hub("DELETE", "api/holds/nope").status_code == 404
+
+    metrics = as_hub("GET", "metrics")
+    assert metrics.status_code == 200
+    assert 'gputap_billing_charges_posted_total{kind="final"}' in metrics.text
+    for name in ("running_sessions", "enforcement_stops_total", "errors_total"):
+        assert f"gputap_billing_{name}" in metrics.text
+    assert user(hub, "nia")("GET", "metrics").status_code == 403
+
+    assert as_ops("GET", "api/ledger/check").json() == {"ok": True, "problems": []}
+    assert user(hub, "nia")("GET", "api/ledger/check").status_code == 403
+    assert user(hub, "nia")("GET", "api/accounts").status_code == 403
+    assert "nia" in {a["username"] for a in as_ops("GET", "api/accounts").json()["accounts"]}
+
+
+def test_warnings_when_credit_runs_low(as_hub, as_ops, hub):
+    as_hub("PUT", "api/accounts/ola")
+    # 10.00 trial - 9.00 = 1.00: 12 minutes of an RTX-4090
+    as_ops(
+        "POST",
+        "api/accounts/ola/adjustments",
+        json={"amount": "-9", "reason": "test", "idempotency_key": "ola-1"},
+    )
+    assert as_hub("GET", "api/accounts/ola").json()["warnings"] == []
+    start = {
+        "id": "o1",
+        "username": "ola",
+        "server_name": "",
+        "sku": "RTX-4090",
+        "count": 1,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    assert as_hub("POST", "api/sessions", json=start).status_code == 201
+    [warning] = user(hub, "ola")("GET", "api/me").json()["warnings"]
+    assert warning["threshold_seconds"] == 900 and 700 <= warning["seconds_left"] <= 720
+    assert re.match(
+        r"About 1[12] min of credit left at 5\.00/h; running servers stop", warning["message"]
+    )
+    as_hub("POST", "api/sessions/o1/stop", json={"ended_at": start["started_at"]})

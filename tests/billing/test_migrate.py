@@ -15,6 +15,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
 from billing_service.migrate import (
+    BASELINE,
     SchemaMismatch,
     _config,
     head_revision,
@@ -49,9 +50,12 @@ def with_password(url: str) -> str:
 
 
 def v1_database(url: str) -> None:
-    """A database as v1 made it: create_all, no alembic_version, with an account in it."""
+    """A database as v1 made it: v1's tables (those of the baseline revision), no
+    alembic_version."""
     engine = make_engine(url)
-    Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), BASELINE)
+        connection.execute(text("DROP TABLE alembic_version"))
     engine.dispose()
 
 
@@ -80,7 +84,7 @@ def test_empty_database_is_migrated_to_head_and_usable(database_url):
         store.engine.dispose()
     # a second start finds it at head and keeps the rows
     store = make_store(database_url)
-    assert store.account("ada").balance_micro == 10_000_000
+    assert store.account("ada", T0).balance_micro == 10_000_000
     store.engine.dispose()
 
 
@@ -110,16 +114,35 @@ def test_unknown_revision_is_refused(database_url):
     engine.dispose()
 
 
-def test_upgrade_db_keeps_rows_and_lets_the_service_start(database_url):
-    store = make_store(database_url)
-    store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
-    store.stop_session("s1", T0 + timedelta(hours=1), T0)
-    balance = store.account("ada").balance_micro
-    store.engine.dispose()
-    # back to how v1 left it: the same tables and rows, no alembic_version
+def test_upgrade_db_carries_v1_rows_into_the_double_entry_ledger(database_url):
+    v1_database(database_url)
     engine = make_engine(database_url)
+    naive = T0.replace(tzinfo=None)
     with engine.begin() as connection:
-        connection.execute(text("DROP TABLE alembic_version"))
+        connection.execute(
+            text("INSERT INTO accounts (id, username, created_at) VALUES (1, 'ada', :t)"),
+            {"t": naive},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO sessions (id, account_id, username, server_name, sku, count, "
+                "price_per_hour_micro, price_class, started_at, ended_at, billed_seconds, "
+                "cost_micro) VALUES ('s1', 1, 'ada', '', 'RTX-4090', 1, 5000000, 'on-demand', "
+                ":t, :t, 10800, 15000000), ('s2', 1, 'ada', 'x', 'T4', 1, 1500000, "
+                "'on-demand', :t, NULL, NULL, NULL)"
+            ),
+            {"t": naive},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO ledger_entries (account_id, kind, amount_micro, session_id, "
+                "idempotency_key, memo, created_at) VALUES "
+                "(1, 'trial', 10000000, NULL, 'trial:ada', 'trial credit', :t), "
+                "(1, 'adjustment', 7000000, NULL, 'adjustment:k1', 'top up', :t), "
+                "(1, 'charge', -15000000, 's1', 'charge:s1', '', :t)"
+            ),
+            {"t": naive},
+        )
     with pytest.raises(SchemaMismatch, match="upgrade-db"):
         open_database(database_url)
 
@@ -128,8 +151,20 @@ def test_upgrade_db_keeps_rows_and_lets_the_service_start(database_url):
     assert upgrade_database(engine).endswith(f"already at revision {HEAD}; nothing to do.")
     engine.dispose()
     store = make_store(database_url)
-    assert store.account("ada").balance_micro == balance == 5_000_000
-    assert [e.kind for e in store.entries("ada")] == ["trial", "charge"]
+    state = store.account("ada", T0)
+    assert state.balance_micro == 2_000_000
+    # the charge took the trial credit first, then 5.00 of the paid credit
+    assert state.pools == {"user:ada:trial": 0, "user:ada:paid": 2_000_000}
+    txs = store.transactions("ada")
+    assert [(t.kind, t.idempotency_key) for t in txs] == [
+        ("trial", "trial:ada"),
+        ("adjustment", "grant:k1"),
+        ("charge", "charge:s1:final"),
+    ]
+    assert [s.charged_micro for s in store.sessions("ada")] == [0, 15_000_000]
+    assert store.check_ledger() == []
+    # a replayed client key still answers with the carried-over grant
+    assert store.adjust("ada", 7_000_000, "top up", "k1", T0)[1] is False
     store.engine.dispose()
 
 
@@ -162,10 +197,11 @@ def test_upgrade_db_command_and_refused_start(database_url, tmp_path):
     assert upgraded.returncode == 0, upgraded.stderr
     assert upgraded.stdout.strip() == (
         f"Recorded the billing database {make_url(database_url).render_as_string()} "
-        f"(made before migrations) at revision {HEAD}."
+        f"(made before migrations) at revision {BASELINE}. Upgraded the billing database "
+        f"{make_url(database_url).render_as_string()} from revision {BASELINE} to {HEAD}."
     )
     store = make_store(database_url)
-    assert store.account("ada").balance_micro == 0
+    assert store.account("ada", T0).balance_micro == 0
     store.engine.dispose()
 
 
@@ -205,9 +241,10 @@ def start_and_stop_at_once(stores, session_id: str, user: str) -> None:
     stopped = race(stores, lambda s, i: s.stop_session(session_id, T0 + timedelta(hours=1 + i), T0))
     assert stopped[0] == stopped[1]
     assert len(stores[1].sessions(user)) == 1
-    entries = stores[0].entries(user)
-    assert [e.kind for e in entries] == ["trial", "charge"]
-    assert entries[1].amount_micro == -stopped[0].cost_micro
+    txs = stores[0].transactions(user)
+    assert [t.kind for t in txs] == ["trial", "charge"]
+    assert txs[1].amount_micro == -stopped[0].cost_micro
+    assert stores[0].check_ledger() == []
 
 
 def race(stores, call):
@@ -230,3 +267,34 @@ def race(stores, call):
         thread.join(30)
     assert errors == []
     return results
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_two_replicas_charging_at_once_never_double_charge(database_url):
+    """Both replicas run every charge pass at the same instant, then both stop every
+    session at once: each session is charged exactly its cost, once per key."""
+    stores = [make_store(database_url) for _ in range(2)]
+    try:
+        for n in range(40):
+            stores[n % 2].start_session(f"r{n}", f"u{n % 7}", f"s{n}", "RTX-4090", 1, T0, T0)
+        for k in range(1, 4):
+            now = T0 + timedelta(seconds=30 * k + 5)
+            posted = race(stores, lambda s, _, now=now: s.post_interval_charges(now, 30, 7))
+            assert sum(posted) == 40  # each session charged once per pass, by one replica
+        end = T0 + timedelta(seconds=100)
+        race(stores, lambda s, _: [s.stop_session(f"r{n}", end, end) for n in range(40)])
+        sessions = stores[0].sessions(None)
+        assert {(s.billed_seconds, s.cost_micro, s.charged_micro) for s in sessions} == {
+            (100, 138_888, 138_888)
+        }
+        with stores[0].engine.connect() as db:
+            keys = db.exec_driver_sql(
+                "SELECT idempotency_key FROM ledger_transactions WHERE kind = 'charge'"
+            ).scalars()
+            assert sorted(keys) == sorted(
+                f"charge:r{n}:{k}" for n in range(40) for k in (1, 2, 3, "final")
+            )
+        assert stores[0].check_ledger() == []
+    finally:
+        for store in stores:
+            store.engine.dispose()

@@ -5,7 +5,8 @@
 counter-accounts). Every v1 entry is carried over under its idempotency key: a trial grant
 credits the trial pool from ``system:trial-grants``, an adjustment the paid pool from
 ``system:adjustments``, and a charge (now ``charge:{session}:final``) takes from the trial pool,
-then the paid pool, into ``system:revenue``.
+then the paid pool, into ``system:revenue``. Adjustment keys ``adjustment:K`` become
+``grant:K``, the one namespace of client keys for every kind of grant.
 
 Revision ID: 49dfbfe8619e
 Revises: 4f2a9c1d7e30
@@ -93,14 +94,10 @@ def upgrade() -> None:
             name=op.f("fk_ledger_transactions_session_id_sessions"),
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_ledger_transactions")),
-        sa.UniqueConstraint(
-            "idempotency_key", name=op.f("uq_ledger_transactions_idempotency_key")
-        ),
+        sa.UniqueConstraint("idempotency_key", name=op.f("uq_ledger_transactions_idempotency_key")),
     )
     for column in ("account_id", "created_at", "session_id"):
-        op.create_index(
-            op.f(f"ix_ledger_transactions_{column}"), "ledger_transactions", [column]
-        )
+        op.create_index(op.f(f"ix_ledger_transactions_{column}"), "ledger_transactions", [column])
     op.create_table(
         "ledger_postings",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -159,11 +156,11 @@ def _carry_entries_over(bind: sa.Connection) -> None:
     def ledger_id(code: str, account_id: int | None, pool: str) -> int:
         if code not in ids:
             result = bind.execute(
-                ledger.insert().values(
-                    code=code, account_id=account_id, pool=pool, course="", balance_micro=0
-                )
+                ledger.insert()
+                .values(code=code, account_id=account_id, pool=pool, course="", balance_micro=0)
+                .returning(ledger.c.id)
             )
-            ids[code] = result.inserted_primary_key[0]
+            ids[code] = result.scalar_one()
             balances[code] = 0
         return ids[code]
 
@@ -202,13 +199,16 @@ def _carry_entries_over(bind: sa.Connection) -> None:
                 (REVENUE, None, "system", cost),
             ]
         else:
+            if entry.kind == "adjustment":  # client keys share one namespace with other grants
+                key = "grant:" + key.removeprefix("adjustment:")
             pool = "trial" if entry.kind == "trial" else "paid"
             moves = [
                 (f"user:{user}:{pool}", entry.account_id, pool, entry.amount_micro),
                 (SYSTEM.get(entry.kind, SYSTEM["adjustment"]), None, "system", -entry.amount_micro),
             ]
         result = bind.execute(
-            txs.insert().values(
+            txs.insert()
+            .values(
                 idempotency_key=key,
                 kind=entry.kind,
                 account_id=entry.account_id,
@@ -217,8 +217,9 @@ def _carry_entries_over(bind: sa.Connection) -> None:
                 created_by="",
                 created_at=entry.created_at,
             )
+            .returning(txs.c.id)
         )
-        tx_id = result.inserted_primary_key[0]
+        tx_id = result.scalar_one()
         for code, account_id, pool, amount in moves:
             bind.execute(
                 postings.insert().values(
@@ -229,9 +230,7 @@ def _carry_entries_over(bind: sa.Connection) -> None:
             )
             balances[code] += amount
     for code, balance in balances.items():
-        bind.execute(
-            ledger.update().where(ledger.c.code == code).values(balance_micro=balance)
-        )
+        bind.execute(ledger.update().where(ledger.c.code == code).values(balance_micro=balance))
     bind.execute(
         sessions.update()
         .where(sessions.c.cost_micro.is_not(None))
@@ -266,7 +265,10 @@ def downgrade() -> None:
         INSERT INTO ledger_entries (account_id, kind, amount_micro, session_id,
                                     idempotency_key, memo, created_at)
         SELECT t.account_id, CASE WHEN t.kind = 'trial' THEN 'trial' ELSE 'adjustment' END,
-               SUM(p.amount_micro), NULL, t.idempotency_key, t.memo, t.created_at
+               SUM(p.amount_micro), NULL,
+               CASE WHEN t.kind = 'trial' THEN t.idempotency_key
+                    ELSE 'adjustment:' || substr(t.idempotency_key, 7) END,
+               t.memo, t.created_at
         FROM ledger_transactions t
         JOIN ledger_postings p ON p.transaction_id = t.id
         JOIN ledger_accounts a ON a.id = p.ledger_account_id AND a.account_id IS NOT NULL

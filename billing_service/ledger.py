@@ -1,0 +1,100 @@
+"""Double entry, pure: ledger account codes, funding kinds, the funding order, charge splits.
+
+Every movement of credit is a transaction whose postings sum to zero. A user's credit lives in
+pools (ledger accounts owned by the user); the other side of every grant and charge is a system
+counter-account:
+
+| kind | credits pool | debits |
+|---|---|---|
+| ``trial`` (first login) | ``user:U:trial`` | ``system:trial-grants`` |
+| ``topup`` (paid, by an admin) | ``user:U:paid`` | ``system:topups`` |
+| ``refund`` | ``user:U:paid`` | ``system:refunds`` |
+| ``adjustment`` (signed) | ``user:U:paid`` | ``system:adjustments`` |
+| ``allowance`` (a course's hours) | ``user:U:allowance:COURSE`` | ``system:allowance-grants`` |
+| ``charge`` (a session) | ``system:revenue`` | the pools, in the funding order |
+
+**Funding order.** A session is paid from its course allowance first (course-funded sessions
+only), then trial credit, then paid credit. Each pool gives what it has, never going below
+zero, except the last one, which takes the rest: the bounded overrun of enforcement shows as a
+negative paid balance, a debt the next top-up settles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+FUNDING_KINDS = ("trial", "topup", "refund", "adjustment", "allowance")
+CHARGE = "charge"
+REVENUE = "system:revenue"
+
+_POOL = {
+    "trial": "trial",
+    "topup": "paid",
+    "refund": "paid",
+    "adjustment": "paid",
+    "allowance": "allowance",
+}
+_COUNTER = {
+    "trial": "system:trial-grants",
+    "topup": "system:topups",
+    "refund": "system:refunds",
+    "adjustment": "system:adjustments",
+    "allowance": "system:allowance-grants",
+}
+
+
+def pool_code(username: str, pool: str, course: str = "") -> str:
+    """The code of ``username``'s ``pool`` (``trial``, ``paid``, or ``allowance`` of ``course``)."""
+    if pool == "allowance":
+        return f"user:{username}:allowance:{course}"
+    return f"user:{username}:{pool}"
+
+
+def funding_pool(kind: str) -> str:
+    """The pool a funding ``kind`` credits."""
+    return _POOL[kind]
+
+
+def counter_account(kind: str) -> str:
+    """The system account on the other side of a funding ``kind``."""
+    return _COUNTER[kind]
+
+
+def funding_order(course: str = "") -> list[tuple[str, str]]:
+    """(pool, course) pairs in the order they pay for a session."""
+    first = [("allowance", course)] if course else []
+    return [*first, ("trial", ""), ("paid", "")]
+
+
+def split_charge(amount: int, balances: Sequence[int]) -> list[int]:
+    """How much of ``amount`` each pool pays, pools in funding order.
+
+    Each pool pays up to its balance (a pool at or below zero pays nothing); the last pool
+    pays whatever is left, even past zero. The parts always sum to ``amount``.
+    """
+    if not balances:
+        raise ValueError("a charge needs at least one pool")
+    parts: list[int] = []
+    left = amount
+    for balance in balances[:-1]:
+        part = min(left, max(balance, 0))
+        parts.append(part)
+        left -= part
+    parts.append(left)
+    return parts
+
+
+def split_refund(amount: int, taken: Sequence[int]) -> list[int]:
+    """How much of ``amount`` (positive) goes back to each pool, pools in funding order.
+
+    A refund undoes the latest takings first: the last pool gets back up to what it paid, then
+    the one before; anything beyond what was taken goes to the last pool.
+    """
+    parts = [0] * len(taken)
+    left = amount
+    for i in reversed(range(len(taken))):
+        part = min(left, max(taken[i], 0))
+        parts[i] = part
+        left -= part
+    parts[-1] += left
+    return parts
