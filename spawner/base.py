@@ -426,9 +426,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
         try:
             await self.billing.release_hold(hold_id)
         except BillingRefused as e:
-            self.log.warning(
-                "%s: billing refused to release hold %s: %s", self._log_name, hold_id, e
-            )
+            if e.status != 404:  # 404: the admission whose answer was lost placed none
+                self.log.warning(
+                    "%s: billing refused to release hold %s: %s", self._log_name, hold_id, e
+                )
         except BillingUnavailable as e:
             self.log.warning(
                 "%s: hold %s not released, it expires by itself: %s", self._log_name, hold_id, e
@@ -474,13 +475,15 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """Ask billing whether the user's credit covers the minimum billable period. Billing
         holds that much until the session opens; the hold's id goes on the server record
         (``self.gpu["hold_id"]``), to be released if the start fails."""
+        # the session id names the hold: if the answer is lost, the hold can still be released
+        key = self.gpu["session_id"]
         try:
             answer = await self.billing.admit(
-                self.user.name, placement.offering.key, placement.count, price_class
+                self.user.name, placement.offering.key, placement.count, price_class, key
             )
         except BillingRefused as e:
             raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None
         except BillingUnavailable as e:
+            self.gpu["hold_id"] = key  # billing may have placed it before failing to answer
             raise billing_unavailable(e) from None
-        if answer.get("hold_id"):
-            self.gpu["hold_id"] = answer["hold_id"]
+        self.gpu["hold_id"] = answer["hold_id"]

@@ -95,12 +95,20 @@ class BillingClient:
         return await self._call("GET", f"api/accounts/{quote(username, safe='')}")
 
     async def admit(
-        self, username: str, sku: str, count: int, price_class: str = "on-demand"
+        self,
+        username: str,
+        sku: str,
+        count: int,
+        price_class: str = "on-demand",
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Admit a spawn, placing a hold on the minimum billable period's cost (``hold_id``
-        in the answer). Raises BillingRefused with billing's explanation when credit, less
-        the holds of other spawns in progress, does not cover it."""
+        in the answer; with ``idempotency_key`` the hold's id is that key, and asking again
+        answers with the same hold). Raises BillingRefused with billing's explanation when
+        credit, less the holds of other spawns in progress, does not cover it."""
         body = {"username": username, "sku": sku, "count": count, "price_class": price_class}
+        if idempotency_key:
+            body["idempotency_key"] = idempotency_key
         return await self._call("POST", "api/admission", body)
 
     async def release_hold(self, hold_id: str) -> dict[str, Any]:
