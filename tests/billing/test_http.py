@@ -272,7 +272,7 @@ def test_browser_page_and_live_polling_with_xsrf(hub, as_hub):
 
 
 def test_enforcement_asks_the_hub_to_stop(hub, as_hub, as_ops):
-    user(hub, "ivan")  # exists on the hub, but runs no server: the hub says so (400)
+    user(hub, "ivan")  # exists on the hub, but has no server "big": the hub says so (404)
     as_hub("PUT", "api/accounts/ivan")
     as_ops(
         "POST",
@@ -296,7 +296,7 @@ def test_enforcement_asks_the_hub_to_stop(hub, as_hub, as_ops):
     while "stop ivan/big" not in hub.log() and time.monotonic() < deadline:
         time.sleep(0.2)
     log = hub.log()
-    assert "Enforcement: hub refused to stop ivan/big: HTTP 400" in log, log[-2000:]
+    assert "Enforcement: hub refused to stop ivan/big: HTTP 404" in log, log[-2000:]
     assert "DELETE /hub/api/users/ivan/servers/big" in log
     # remembered: not asked again within the window
     time.sleep(2)
