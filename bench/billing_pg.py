@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -64,8 +65,8 @@ def admin_connection() -> psycopg.Connection:
 def populate(store: store_module.Store, sessions: int, broke_every: int) -> None:
     """``sessions`` users, each with trial credit and one running RTX-4090 session; every
     ``broke_every``-th user has almost nothing left (enforcement stops those)."""
-    for username in (f"user{i:05d}" for i in range(sessions)):
-        store.open_account(username, T0)
+    with ThreadPoolExecutor(4) as pool:  # setup only: accounts open as at first login
+        list(pool.map(lambda i: store.open_account(f"user{i:05d}", T0), range(sessions)))
     with store.engine.begin() as db:
         ids = dict(db.execute(select(Account.username, Account.id)).all())
         db.execute(

@@ -118,6 +118,9 @@ async def main() -> None:
             executor, store.stop_session, session_id, ended_at, clock.utcnow()
         )
 
+    async def mark_seen(session_ids: list[str], at: datetime) -> None:
+        await loop.run_in_executor(executor, store.mark_seen, session_ids, at)
+
     def post_charges() -> tuple[int, int]:
         now = clock.utcnow()
         posted = store.post_interval_charges(
@@ -140,6 +143,10 @@ async def main() -> None:
     )
     charger = Charger(charge, interval_seconds=config.charge_interval_seconds)
     reconciler = Reconciler(
-        load_accounts, close_session, interval_seconds=config.reconcile_interval_seconds, **hub
+        load_accounts,
+        close_session,
+        interval_seconds=config.reconcile_interval_seconds,
+        mark_seen=mark_seen,
+        **hub,
     )
     await asyncio.gather(enforcer.run(), reconciler.run(), charger.run())

@@ -73,10 +73,12 @@ class Reconciler:
         api_url: str,
         api_token: str,
         interval_seconds: float,
+        mark_seen: Callable[[list[str], datetime], Awaitable[None]] | None = None,
         http_client: AsyncHTTPClient | None = None,
     ) -> None:
         self.load_accounts = load_accounts
         self.close_session = close_session
+        self.mark_seen = mark_seen
         self.api_url = api_url.rstrip("/")
         self._api_token = api_token
         self.interval_seconds = interval_seconds
@@ -111,8 +113,11 @@ class Reconciler:
         except (HTTPClientError, OSError) as e:
             log.warning("Reconciliation skipped: cannot read servers from the hub: %s", e)
             return []
+        to_close = sessions_to_close(sessions, present, self.seen, self.missing, now)
+        if self.mark_seen is not None:
+            await self.mark_seen([s.id for s in sessions if self.seen.get(s.id) == now], now)
         closed = []
-        for session, ended_at in sessions_to_close(sessions, present, self.seen, self.missing, now):
+        for session, ended_at in to_close:
             record = await self.close_session(session.id, ended_at)
             log.info(
                 "Reconciliation: closed session %s of %s/%s at %s (%s s): the hub no longer "

@@ -21,9 +21,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -47,6 +47,24 @@ from .orm import (
 from .pricing import PriceBook, make_price_book
 
 T = TypeVar("T")
+
+ACCOUNTS = Account.__table__
+SESSIONS = BillingSession.__table__
+TRANSACTIONS = LedgerTransaction.__table__
+POSTINGS = Posting.__table__
+LEDGER_ACCOUNTS = LedgerAccount.__table__
+_CHARGE_COLUMNS = (
+    SESSIONS.c.id,
+    SESSIONS.c.account_id,
+    SESSIONS.c.username,
+    SESSIONS.c.server_name,
+    SESSIONS.c.sku,
+    SESSIONS.c.count,
+    SESSIONS.c.price_per_hour_micro,
+    SESSIONS.c.started_at,
+    SESSIONS.c.charged_micro,
+    SESSIONS.c.course,
+)
 
 
 class UnknownSku(ValueError):
@@ -425,10 +443,10 @@ class Store:
         ):
             pools[owner][code] = balance
         running: dict[int, list[SessionRecord]] = defaultdict(list)
-        for row in db.scalars(
-            select(BillingSession)
-            .where(BillingSession.account_id.in_(ids), BillingSession.ended_at.is_(None))
-            .order_by(BillingSession.started_at.desc(), BillingSession.id)
+        for row in db.execute(
+            select(SESSIONS)
+            .where(SESSIONS.c.account_id.in_(ids), SESSIONS.c.ended_at.is_(None))
+            .order_by(SESSIONS.c.started_at.desc(), SESSIONS.c.id)
         ):
             running[row.account_id].append(_session_record(row))
         held: dict[int, int] = dict(
@@ -482,10 +500,13 @@ class Store:
             return self._states(db, rows, now)
 
     def accounts_with_running_sessions(self, now: datetime) -> list[AccountState]:
-        """Every account that has at least one open session."""
+        """Every account that has at least one open session (rows, not ORM objects: enforcement
+        reads them all every few seconds)."""
         with self._sessionmaker() as db:
-            ids = select(BillingSession.account_id).where(BillingSession.ended_at.is_(None))
-            rows = db.scalars(select(Account).where(Account.id.in_(ids)).order_by(Account.id))
+            ids = select(SESSIONS.c.account_id).where(SESSIONS.c.ended_at.is_(None))
+            rows = db.execute(
+                select(ACCOUNTS).where(ACCOUNTS.c.id.in_(ids)).order_by(ACCOUNTS.c.id)
+            )
             return self._states(db, rows.all(), now)
 
     # -- funding ---------------------------------------------------------------------------
@@ -912,35 +933,31 @@ class Store:
         """Charge every open session up to its last whole interval; returns charges posted.
 
         Sessions are taken in batches of ``batch_size`` (one transaction each), locked with
-        SKIP LOCKED so replicas share the work instead of waiting for each other."""
+        SKIP LOCKED so replicas share the work instead of waiting for each other. The batch
+        path uses Core statements (rows, executemany), not ORM objects: it is the hot loop."""
         posted = 0
         after = ""
         while True:
 
             def work(db: Session, after: str = after) -> tuple[int, str, int]:
-                rows = db.scalars(
-                    select(BillingSession)
-                    .where(BillingSession.ended_at.is_(None), BillingSession.id > after)
-                    .order_by(BillingSession.id)
+                rows = db.execute(
+                    select(*_CHARGE_COLUMNS)
+                    .where(SESSIONS.c.ended_at.is_(None), SESSIONS.c.id > after)
+                    .order_by(SESSIONS.c.id)
                     .limit(batch_size)
                     .with_for_update(skip_locked=True)
                 ).all()
-                return (
-                    self._charge_batch(db, rows, now, interval_seconds),
-                    (rows[-1].id if rows else after),
-                    len(rows),
-                )
+                last = rows[-1].id if rows else after
+                return self._charge_batch(db, rows, now, interval_seconds), last, len(rows)
 
             count, after, seen = self._write(work)
             posted += count
             if seen < batch_size:
                 return posted
 
-    def _charge_batch(
-        self, db: Session, rows: Sequence[BillingSession], now: datetime, interval: int
-    ) -> int:
-        """Interval charges of ``rows`` in bulk: one insert per table, one update per table."""
-        due: list[tuple[BillingSession, int, int]] = []
+    def _charge_batch(self, db: Session, rows: Sequence, now: datetime, interval: int) -> int:
+        """Interval charges of ``rows`` in bulk: one statement per table."""
+        due: list[tuple[Any, int, int]] = []
         for row in rows:
             if now <= row.started_at:
                 continue
@@ -950,45 +967,27 @@ class Store:
                 due.append((row, k, target))
         if not due:
             return 0
-        accounts = {
-            a.id: a
-            for a in db.scalars(
-                select(Account).where(Account.id.in_({row.account_id for row, _, _ in due}))
-            )
-        }
-        wanted: dict[str, tuple[int, str, str]] = {}
-        for row, _, _ in due:
-            for pool, course in ledger.funding_order(row.course):
-                code = ledger.pool_code(accounts[row.account_id].username, pool, course)
-                wanted[code] = (row.account_id, pool, course)
-        existing = set(db.scalars(select(LedgerAccount.code).where(LedgerAccount.code.in_(wanted))))
-        for code in wanted.keys() - existing:
-            owner, pool, course = wanted[code]
-            self._ledger_account(db, code, owner, pool, course)
-        pools = {
-            p.code: p
-            for p in db.scalars(
-                select(LedgerAccount)
-                .where(LedgerAccount.code.in_(wanted))
-                .order_by(LedgerAccount.id)
-                .with_for_update()
-            )
-        }
-        revenue = self._system(db, ledger.REVENUE)
-        balances = {p.id: p.balance_micro for p in pools.values()}
+        owners = {row.account_id for row, _, _ in due}
+        pools = self._locked_pools(
+            db, owners, {(r.account_id, r.username, r.course) for r, _, _ in due}
+        )
+        revenue = self._system(db, ledger.REVENUE).id
+        balances = {code: balance for code, (_, balance) in pools.items()}
         tx_rows: list[dict] = []
         splits: list[list[tuple[int, int]]] = []
         for row, k, target in due:
             amount = target - row.charged_micro
             order = [
-                pools[ledger.pool_code(accounts[row.account_id].username, pool, course)]
+                ledger.pool_code(row.username, pool, course)
                 for pool, course in ledger.funding_order(row.course)
             ]
-            parts = ledger.split_charge(amount, [balances[p.id] for p in order])
-            moves = [(p.id, -part) for p, part in zip(order, parts, strict=True) if part]
-            for pool_id, delta in moves:
-                balances[pool_id] += delta
-            splits.append([*moves, (revenue.id, amount)])
+            parts = ledger.split_charge(amount, [balances[code] for code in order])
+            moves = []
+            for code, part in zip(order, parts, strict=True):
+                if part:
+                    balances[code] -= part
+                    moves.append((pools[code][0], -part))
+            splits.append([*moves, (revenue, amount)])
             tx_rows.append(
                 {
                     "idempotency_key": f"charge:{row.id}:{k}",
@@ -1000,36 +999,70 @@ class Store:
                     "created_at": now,
                 }
             )
-        ids = db.scalars(
-            insert(LedgerTransaction).returning(LedgerTransaction.id, sort_by_parameter_order=True),
+        ids = db.execute(
+            insert(TRANSACTIONS).returning(TRANSACTIONS.c.id, sort_by_parameter_order=True),
             tx_rows,
-        ).all()
+        ).scalars()
         db.execute(
-            insert(Posting),
+            insert(POSTINGS),
             [
                 {"transaction_id": tx_id, "ledger_account_id": account_id, "amount_micro": amount}
                 for tx_id, moves in zip(ids, splits, strict=True)
                 for account_id, amount in moves
             ],
         )
-        changed = {p.id for p in pools.values() if balances[p.id] != p.balance_micro}
+        changed = [
+            {"pool_id": pools[code][0], "balance": balance}
+            for code, balance in balances.items()
+            if balance != pools[code][1]
+        ]
         if changed:
             db.execute(
-                update(LedgerAccount),
-                [{"id": pid, "balance_micro": balances[pid]} for pid in sorted(changed)],
+                update(LEDGER_ACCOUNTS)
+                .where(LEDGER_ACCOUNTS.c.id == bindparam("pool_id"))
+                .values(balance_micro=bindparam("balance")),
+                changed,
             )
         total = sum(target - row.charged_micro for row, _, target in due)
         db.execute(
-            update(LedgerAccount)
-            .where(LedgerAccount.id == revenue.id)
-            .values(balance_micro=LedgerAccount.balance_micro + total)
-            .execution_options(synchronize_session=False)
+            update(LEDGER_ACCOUNTS)
+            .where(LEDGER_ACCOUNTS.c.id == revenue)
+            .values(balance_micro=LEDGER_ACCOUNTS.c.balance_micro + total)
         )
         db.execute(
-            update(BillingSession),
-            [{"id": row.id, "charged_micro": target} for row, _, target in due],
+            update(SESSIONS)
+            .where(SESSIONS.c.id == bindparam("session_id"))
+            .values(charged_micro=bindparam("charged")),
+            [{"session_id": row.id, "charged": target} for row, _, target in due],
         )
         return len(due)
+
+    def _locked_pools(
+        self, db: Session, owners: set[int], users: set[tuple[int, str, str]]
+    ) -> dict[str, tuple[int, int]]:
+        """``code -> (id, balance)`` of the funding pools of ``users`` ((account id, username,
+        course) triples), created where missing, locked for this transaction."""
+
+        def load() -> dict[str, tuple[int, int]]:
+            rows = db.execute(
+                select(
+                    LEDGER_ACCOUNTS.c.code, LEDGER_ACCOUNTS.c.id, LEDGER_ACCOUNTS.c.balance_micro
+                )
+                .where(LEDGER_ACCOUNTS.c.account_id.in_(owners))
+                .order_by(LEDGER_ACCOUNTS.c.id)
+                .with_for_update()
+            )
+            return {code: (pool_id, balance) for code, pool_id, balance in rows}
+
+        pools = load()
+        missing = False
+        for owner, username, course in users:
+            for pool, pool_course in ledger.funding_order(course):
+                code = ledger.pool_code(username, pool, pool_course)
+                if code not in pools:
+                    self._ledger_account(db, code, owner, pool, pool_course)
+                    missing = True
+        return load() if missing else pools
 
     def running_count(self) -> int:
         """How many sessions are open."""

@@ -195,7 +195,8 @@ class Platform:
                 self.proc.wait()
 
     def shutdown(self) -> None:
-        """Stop every server, then the hub."""
+        """Stop every server, then the hub; then (g): the billing ledger must balance."""
+        problems: list[str] = []
         if self.proc and self.proc.poll() is None:
             try:
                 for user in self.get("/users").json():
@@ -203,6 +204,7 @@ class Platform:
                         self.stop_server(user["name"], name, wait=False)
             except (requests.RequestException, ValueError):
                 pass
+            problems = self.ledger_problems()
         self.stop_hub()
         self.stop_billing()
         # servers outlive the hub (cleanup_servers = False): end any left in our homes
@@ -210,6 +212,15 @@ class Platform:
         for proc in psutil.process_iter(["cwd"]):
             if (proc.info.get("cwd") or "").startswith(homes):
                 proc.kill()
+        assert problems == [], f"the billing ledger does not balance: {problems}"
+
+    def ledger_problems(self) -> list[str]:
+        """Billing's ledger check (GET api/ledger/check); [] when billing cannot be asked."""
+        try:
+            r = self.billing("api/ledger/check")
+        except requests.RequestException:
+            return []
+        return r.json()["problems"] if r.ok else []
 
     def log_tail(self, lines: int = 60) -> str:
         try:

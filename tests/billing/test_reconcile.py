@@ -40,3 +40,14 @@ def test_named_servers_are_told_apart_and_closed_sessions_forgotten():
     assert closed == [(b, T0)]
     sessions_to_close([a], {("ann", "exp")}, seen, missing, T0)
     assert set(seen) == {"a"} and missing == {}
+
+
+def test_a_restarted_billing_closes_at_the_persisted_last_seen():
+    # this process never saw it, but an earlier one recorded last_seen_at
+    s = session("s4", user="dee")
+    seen_before = T0 + timedelta(seconds=40)
+    s = SessionRecord(**{**s.__dict__, "last_seen_at": seen_before})
+    seen, missing = {}, {}
+    sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=60))
+    closed = sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=90))
+    assert closed == [(s, seen_before)]
