@@ -1,26 +1,8 @@
 """A person in Chromium: log in → pick a slice on the form → JupyterLab → stop → billing page."""
 
 import re
-from pathlib import Path
 
-import pytest
-from playwright.sync_api import expect, sync_playwright
-
-CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is missing: `make test` installs it (apt-get install chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        yield browser
-        browser.close()
+from playwright.sync_api import expect
 
 
 def test_login_form_spawn_lab_stop_and_see_the_bill(platform, browser, tmp_path):
