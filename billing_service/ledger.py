@@ -14,9 +14,11 @@ counter-account:
 | ``charge`` (a session) | ``system:revenue`` | the pools, in the funding order |
 
 **Funding order.** A session is paid from its course allowance first (course-funded sessions
-only), then trial credit, then paid credit. Each pool gives what it has, never going below
-zero, except the last one, which takes the rest: the bounded overrun of enforcement shows as a
-negative paid balance, a debt the next top-up settles.
+only), then trial credit, then paid credit; a course session whose student did not opt in to
+paying on when course hours run out is paid by the allowance alone. Each pool gives what it
+has, never going below zero, except the last one, which takes the rest: the bounded overrun of
+enforcement shows as a negative balance of that pool (paid: a debt the next top-up settles;
+an allowance: the course's, written off when the week ends).
 """
 
 from __future__ import annotations
@@ -60,8 +62,13 @@ def counter_account(kind: str) -> str:
     return _COUNTER[kind]
 
 
-def funding_order(course: str = "") -> list[tuple[str, str]]:
-    """(pool, course) pairs in the order they pay for a session."""
+def funding_order(course: str = "", fallback: bool = True) -> list[tuple[str, str]]:
+    """(pool, course) pairs in the order they pay for a session.
+
+    A course session without ``fallback`` (the student did not opt in to paying on) is paid
+    by its allowance alone, which then takes enforcement's overrun."""
+    if course and not fallback:
+        return [("allowance", course)]
     first = [("allowance", course)] if course else []
     return [*first, ("trial", ""), ("paid", "")]
 
