@@ -45,11 +45,17 @@ _COUNTER = {
 }
 
 
+def _part(name: str) -> str:
+    """A name as one part of a code: ``%`` and ``:`` escaped, so no name can reach into
+    another's pools (``a:allowance`` is not user ``a``'s allowance)."""
+    return name.replace("%", "%25").replace(":", "%3A")
+
+
 def pool_code(username: str, pool: str, course: str = "") -> str:
     """The code of ``username``'s ``pool`` (``trial``, ``paid``, or ``allowance`` of ``course``)."""
     if pool == "allowance":
-        return f"user:{username}:allowance:{course}"
-    return f"user:{username}:{pool}"
+        return f"user:{_part(username)}:allowance:{_part(course)}"
+    return f"user:{_part(username)}:{pool}"
 
 
 def funding_pool(kind: str) -> str:

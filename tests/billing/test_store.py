@@ -275,3 +275,10 @@ def test_a_retried_admission_answers_with_the_same_hold(store):
     assert not store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-2").allowed
     with pytest.raises(ValueError, match="another account"):
         store.admit("bob", "T4", 1, T0, idempotency_key="spawn-1")
+
+
+def test_a_username_with_a_colon_cannot_reach_another_users_pools(store):
+    store.open_account("a", T0)
+    store.open_account("a:allowance", T0)
+    assert store.account("a", T0).pools == {"user:a:trial": 10_000_000}
+    assert store.account("a:allowance", T0).pools == {"user:a%3Aallowance:trial": 10_000_000}
