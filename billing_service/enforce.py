@@ -30,17 +30,18 @@ DEFAULT_REPEAT_AFTER = timedelta(seconds=30)
 def sessions_to_stop(
     accounts: Iterable[AccountState], now: datetime, interval_seconds: float
 ) -> list[SessionRecord]:
-    """Open sessions of every account whose credit would not last until the next check.
+    """Open sessions whose money would not last until the next check.
 
-    An account is stopped when available credit <= what its servers cost in one interval.
+    Sessions are judged by what pays for them (``AccountState.funding_groups``): a course's
+    sessions its allowance alone pays run out with that allowance; the others with the
+    account's credit. A group is stopped when what it has <= what it costs in one interval.
     """
     stop: list[SessionRecord] = []
     for account in accounts:
-        if not account.running:
-            continue
-        next_check = cost_micro(account.rate_per_hour_micro, 1, math.ceil(interval_seconds))
-        if account.available_at(now) <= next_check:
-            stop.extend(account.running)
+        for _, available, sessions in account.funding_groups(now):
+            rate = sum(s.rate_per_hour_micro for s in sessions)
+            if available <= cost_micro(rate, 1, math.ceil(interval_seconds)):
+                stop.extend(sessions)
     return stop
 
 

@@ -8,14 +8,27 @@ import json
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated, UserNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
 from . import clock, ledger, metrics
 from .config import BillingConfig
+from .fields import (
+    MAX_LENGTH,
+    MAX_PATH_LENGTH,
+    check_text,
+    count_field,
+    optional_text,
+    price_class_field,
+    text_field,
+    time_argument,
+    time_field,
+)
 from .money import format_credits, parse_credits
 from .pricing import make_price_book
 from .store import NotFound, Store
@@ -67,6 +80,9 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                 f"{model.get('kind', 'user')} {model['name']} may not use billing: "
                 "it needs the scope access:services!service=billing",
             ) from None
+        # a username or id in the path is looked up or stored: refuse what no column holds
+        for value in self.path_args:
+            check_text(value, "A username or id in the path", MAX_PATH_LENGTH)
 
     # who is asking
 
@@ -124,6 +140,12 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 class APIHandler(BaseHandler):
     """JSON in, JSON out; errors are ``{"status", "message"}``; no login redirects."""
 
+    async def prepare(self) -> None:
+        await super().prepare()
+        # @web.authenticated refuses other verbs than GET with a bare 403: say what to send
+        if self.current_user is None:
+            self.get_login_url()
+
     def get_login_url(self) -> str:
         raise web.HTTPError(
             403, "Not authenticated: send 'Authorization: token <hub API token>' or log in"
@@ -150,72 +172,43 @@ class APIHandler(BaseHandler):
     def body(self) -> dict[str, Any]:
         try:
             data = json.loads(self.request.body or b"null")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to read
             raise web.HTTPError(400, "Request body must be JSON") from None
         if not isinstance(data, dict):
             raise web.HTTPError(400, "Request body must be a JSON object")
         return data
 
 
-def _field(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
-    if key not in body:
-        raise web.HTTPError(400, f"Missing field {key!r}: {what}")
-    value = body[key]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise web.HTTPError(400, f"Field {key!r} must be {what}, not {value!r}")
-    return value
-
-
-def optional_text(body: dict[str, Any], key: str) -> str | None:
-    """An optional string field: absent or null is None; anything else must be a string."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise web.HTTPError(400, f"Field {key!r} must be a string, not {value!r}")
-    return value
-
-
-def text_field(body: dict[str, Any], key: str, *, empty_ok: bool = False) -> str:
-    value = _field(body, key, str, "a string")
-    if not empty_ok and not value.strip():
-        raise web.HTTPError(400, f"Field {key!r} must not be empty")
-    return value
-
-
-def count_field(body: dict[str, Any]) -> int:
-    value = _field(body, "count", int, "an integer >= 1")
-    if value < 1:
-        raise web.HTTPError(400, f"Field 'count' must be an integer >= 1, not {value}")
-    return value
-
-
-def price_class_field(body: dict[str, Any]) -> str:
-    value = body.get("price_class", "on-demand")
-    if value not in ("on-demand", "spot"):
-        raise web.HTTPError(
-            400, f"Field 'price_class' must be 'on-demand' or 'spot', not {value!r}"
-        )
-    return value
-
-
-def time_field(body: dict[str, Any], key: str) -> datetime:
-    text = _field(body, key, str, "an ISO 8601 time with timezone")
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise web.HTTPError(
-            400, f"Field {key!r} must be an ISO 8601 time like 2025-01-01T12:00:00Z, not {text!r}"
-        ) from None
-    if value.tzinfo is None:
-        raise web.HTTPError(400, f"Field {key!r} needs a timezone, e.g. {text}Z")
-    return value
-
-
 class HealthHandler(web.RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(json.dumps({"ok": True}))
+
+
+#: the OpenAPI 3 description of the JSON API, kept beside this module
+OPENAPI_YAML = Path(__file__).with_name("openapi.yaml")
+
+
+@functools.cache
+def openapi_json(prefix: str) -> str:
+    """The OpenAPI description as JSON text, its server URL the service's ``prefix``.
+
+    The YAML is read once per prefix (one per process), not per request."""
+    document = yaml.safe_load(OPENAPI_YAML.read_text())
+    document["servers"] = [{"url": prefix.rstrip("/") or "/"}]
+    return json.dumps(document)
+
+
+class OpenAPIHandler(APIHandler):
+    """``GET api/openapi.json``: any logged-in caller may read the description."""
+
+    def initialize(self, prefix: str, **kwargs: Any) -> None:
+        super().initialize(**kwargs)
+        self.prefix = prefix
+
+    @web.authenticated
+    def get(self) -> None:
+        self.finish(openapi_json(self.prefix))
 
 
 class PricesHandler(APIHandler):
@@ -259,6 +252,7 @@ class AccountHandler(APIHandler):
     @web.authenticated
     async def put(self, username: str) -> None:
         self.require_hub()
+        check_text(username, "username", MAX_LENGTH["username"])
         now = self.now()
         state, created = await self.blocking(self.store.open_account, username, now)
         if created:
@@ -515,21 +509,6 @@ class PriceBooksHandler(APIHandler):
         self.write_json(price_book_view(record), 201 if created else 200)
 
 
-def time_argument(handler: APIHandler, name: str) -> datetime | None:
-    text = handler.get_argument(name, None)
-    if text is None:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise web.HTTPError(
-            400, f"{name} must be an ISO 8601 time like 2025-01-01T00:00:00Z, not {text!r}"
-        ) from None
-    if value.tzinfo is None:
-        raise web.HTTPError(400, f"{name} needs a timezone, e.g. {text}Z")
-    return value
-
-
 class UsageHandler(APIHandler):
     """Sessions in a time range: admins see everyone (or ?username=), users themselves.
     ``api/usage.csv`` answers the same as CSV."""
@@ -652,6 +631,7 @@ def page_duration(seconds: int) -> str:
 def make_handlers(prefix: str, kwargs: dict[str, Any]) -> list[tuple]:
     """Routes under the service prefix (which ends in "/")."""
     api = [
+        (r"api/openapi\.json", OpenAPIHandler, {"prefix": prefix}),
         (r"api/prices", PricesHandler),
         (r"api/accounts/([^/]+)", AccountHandler),
         (r"api/accounts", AccountsHandler),

@@ -14,9 +14,11 @@ counter-account:
 | ``charge`` (a session) | ``system:revenue`` | the pools, in the funding order |
 
 **Funding order.** A session is paid from its course allowance first (course-funded sessions
-only), then trial credit, then paid credit. Each pool gives what it has, never going below
-zero, except the last one, which takes the rest: the bounded overrun of enforcement shows as a
-negative paid balance, a debt the next top-up settles.
+only), then trial credit, then paid credit; a course session whose student did not opt in to
+paying on when course hours run out is paid by the allowance alone. Each pool gives what it
+has, never going below zero, except the last one, which takes the rest: the bounded overrun of
+enforcement shows as a negative balance of that pool (paid: a debt the next top-up settles;
+an allowance: the course's, written off when the week ends).
 """
 
 from __future__ import annotations
@@ -43,11 +45,17 @@ _COUNTER = {
 }
 
 
+def _part(name: str) -> str:
+    """A name as one part of a code: ``%`` and ``:`` escaped, so no name can reach into
+    another's pools (``a:allowance`` is not user ``a``'s allowance)."""
+    return name.replace("%", "%25").replace(":", "%3A")
+
+
 def pool_code(username: str, pool: str, course: str = "") -> str:
     """The code of ``username``'s ``pool`` (``trial``, ``paid``, or ``allowance`` of ``course``)."""
     if pool == "allowance":
-        return f"user:{username}:allowance:{course}"
-    return f"user:{username}:{pool}"
+        return f"user:{_part(username)}:allowance:{_part(course)}"
+    return f"user:{_part(username)}:{pool}"
 
 
 def funding_pool(kind: str) -> str:
@@ -60,8 +68,13 @@ def counter_account(kind: str) -> str:
     return _COUNTER[kind]
 
 
-def funding_order(course: str = "") -> list[tuple[str, str]]:
-    """(pool, course) pairs in the order they pay for a session."""
+def funding_order(course: str = "", fallback: bool = True) -> list[tuple[str, str]]:
+    """(pool, course) pairs in the order they pay for a session.
+
+    A course session without ``fallback`` (the student did not opt in to paying on) is paid
+    by its allowance alone, which then takes enforcement's overrun."""
+    if course and not fallback:
+        return [("allowance", course)]
     first = [("allowance", course)] if course else []
     return [*first, ("trial", ""), ("paid", "")]
 

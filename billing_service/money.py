@@ -6,13 +6,24 @@ integers, are stored as integers, and leave formatted to two decimals ("6.67").
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 MICRO = 1_000_000
 #: a billion credits: beyond any real amount, and far inside a 64-bit column
 MAX_MICRO = 10**9 * MICRO
 SECONDS_PER_HOUR = 3600
+
+# Bounds on what a session may be, so that whatever the API accepts, its cost fits the
+# signed 64-bit (BIGINT) money columns: MAX_PRICE_MICRO x MAX_COUNT x the hours from
+# EARLIEST_TIME to LATEST_TIME is 8.77e18 micro-credits, under 2**63 (9.22e18).
+#: the most one unit of a SKU may cost per hour: 10,000 credits
+MAX_PRICE_MICRO = 10**4 * MICRO
+#: the most units (GPUs, slices) one server may hold
+MAX_COUNT = 1000
+#: the times billing accepts, from callers and in queries
+EARLIEST_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(2100, 1, 1, tzinfo=UTC)
 
 
 def parse_credits(value: object, field: str = "amount") -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     DateTime,
     Engine,
     ForeignKey,
@@ -119,6 +120,8 @@ class BillingSession(Base):
     charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     course: Mapped[str] = mapped_column(String(255), default="")
+    #: a course session may go on on the student's own credit when course hours run out
+    fallback: Mapped[bool] = mapped_column(Boolean, default=False)
     price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
@@ -173,6 +176,7 @@ class Hold(Base):
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
     release_reason: Mapped[str] = mapped_column(String(32), default="")
     session_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    course: Mapped[str] = mapped_column(String(255), default="")
 
 
 class PriceBookVersion(Base):
@@ -185,6 +189,66 @@ class PriceBookVersion(Base):
     created_by: Mapped[str] = mapped_column(String(255))
     source: Mapped[str] = mapped_column(String(32))  # settings | admin
     book: Mapped[str] = mapped_column(Text)  # JSON: prices, spot_discount_percent, shared_percent
+
+
+class Course(Base):
+    """A course's rules (see courses.py); ``allowed`` is a JSON list of offering keys."""
+
+    __tablename__ = "courses"
+
+    slug: Mapped[str] = mapped_column(String(63), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    weekly_seconds: Mapped[int] = mapped_column(Integer)
+    allowed: Mapped[str] = mapped_column(Text)
+    max_concurrent_gpus: Mapped[int] = mapped_column(Integer)
+    budget_cap_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    github_team: Mapped[str | None] = mapped_column(String(140), nullable=True, index=True)
+    join_code: Mapped[str | None] = mapped_column(String(64), nullable=True, unique=True)
+    reset_weekday: Mapped[int] = mapped_column(Integer)
+    reset_time: Mapped[str] = mapped_column(String(5))
+    timezone: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class CourseInstructor(Base):
+    __tablename__ = "course_instructors"
+
+    course: Mapped[str] = mapped_column(ForeignKey("courses.slug"), primary_key=True)
+    username: Mapped[str] = mapped_column(String(255), primary_key=True)
+
+
+class Enrollment(Base):
+    """A student of a course; ``fallback``: their own credit pays when course hours run out."""
+
+    __tablename__ = "enrollments"
+
+    course: Mapped[str] = mapped_column(ForeignKey("courses.slug"), primary_key=True)
+    username: Mapped[str] = mapped_column(String(255), primary_key=True)
+    source: Mapped[str] = mapped_column(String(32))  # team | code | instructor
+    fallback: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class Instructor(Base):
+    """A user an admin made an instructor (instructors by GitHub team come from the hub)."""
+
+    __tablename__ = "instructors"
+
+    username: Mapped[str] = mapped_column(String(255), primary_key=True)
+    granted_by: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class JoinAttempt(Base):
+    """A join-code attempt that failed; too many in a window and joining is refused a while."""
+
+    __tablename__ = "join_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    username: Mapped[str] = mapped_column(String(255), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 def make_engine(url: str) -> Engine:

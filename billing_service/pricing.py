@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .money import parse_credits
+from .money import MAX_PRICE_MICRO, format_credits, parse_credits
 
 MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
 SHARED = "shared"
@@ -89,6 +89,11 @@ def make_price_book(
         micro = parse_credits(value, f"billing.prices[{sku!r}]")
         if micro < 0:
             raise ValueError(f"billing.prices[{sku!r}] must not be negative")
+        if micro > MAX_PRICE_MICRO:
+            raise ValueError(
+                f"billing.prices[{sku!r}] must be at most {format_credits(MAX_PRICE_MICRO)} "
+                f"credits per hour, not {value!r}"
+            )
         if "/" in str(sku):
             card, _, profile = str(sku).partition("/")
             if not card or not (MIG_PROFILE.match(profile) or profile == SHARED):

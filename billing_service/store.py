@@ -28,6 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import ledger
+from .course_store import CourseOps
 from .money import (
     billed_seconds,
     cost_micro,
@@ -38,6 +39,8 @@ from .money import (
 from .orm import (
     Account,
     BillingSession,
+    Course,
+    Enrollment,
     Hold,
     LedgerAccount,
     LedgerTransaction,
@@ -64,6 +67,7 @@ _CHARGE_COLUMNS = (
     SESSIONS.c.started_at,
     SESSIONS.c.charged_micro,
     SESSIONS.c.course,
+    SESSIONS.c.fallback,
 )
 
 
@@ -92,6 +96,7 @@ class SessionRecord:
     course: str = ""
     price_book_version: int | None = None
     last_seen_at: datetime | None = None
+    fallback: bool = False
 
     @property
     def rate_per_hour_micro(self) -> int:
@@ -168,6 +173,33 @@ class AccountState:
         """Balance less what running servers cost beyond their posted charges."""
         return self.balance_micro - sum(s.uncharged_at(now) for s in self.running)
 
+    def course_available_at(self, course: str, now: datetime) -> int:
+        """A course's allowance left for this student: its pool less what the student's
+        sessions of that course cost beyond their charges."""
+        code = next((c for c in self.pools if c.endswith(f":allowance:{course}")), None)
+        pool = self.pools.get(code, 0) if code else 0
+        return pool - sum(s.uncharged_at(now) for s in self.running if s.course == course)
+
+    def funding_groups(self, now: datetime) -> list[tuple[str, int, tuple[SessionRecord, ...]]]:
+        """(course or "", available, sessions) for each group of running sessions that share
+        their money: each course whose sessions its allowance alone pays, and the rest."""
+        groups: list[tuple[str, int, tuple[SessionRecord, ...]]] = []
+        alone = sorted({s.course for s in self.running if s.course and not s.fallback})
+        for course in alone:
+            sessions = tuple(s for s in self.running if s.course == course and not s.fallback)
+            groups.append((course, self.course_available_at(course, now), sessions))
+        rest = tuple(s for s in self.running if not s.course or s.fallback)
+        if rest:
+            # every pool but the allowances of courses that pay alone (theirs, above)
+            theirs = sum(
+                v
+                for c, v in self.pools.items()
+                if any(c.endswith(f":allowance:{k}") for k in alone)
+            )
+            available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
+            groups.append(("", available, rest))
+        return groups
+
     def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
         """Credit a new server may claim: available less active holds, and less the rest of
         the minimum period of servers younger than it (a started hold keeps holding)."""
@@ -226,6 +258,7 @@ def _session_record(row: BillingSession) -> SessionRecord:
         course=row.course,
         price_book_version=row.price_book_version,
         last_seen_at=row.last_seen_at,
+        fallback=row.fallback,
     )
 
 
@@ -267,7 +300,7 @@ def _not_found(username: str) -> NotFound:
     return NotFound(f"No billing account for {username!r}; it is opened at first login")
 
 
-class Store:
+class Store(CourseOps):
     """Billing operations on one database."""
 
     def __init__(
@@ -319,10 +352,12 @@ class Store:
     def _system(self, db: Session, code: str) -> LedgerAccount:
         return self._ledger_account(db, code, None, "system")
 
-    def _pools(self, db: Session, account: Account, course: str) -> list[LedgerAccount]:
+    def _pools(
+        self, db: Session, account: Account, course: str, fallback: bool = True
+    ) -> list[LedgerAccount]:
         """The account's pools in funding order, locked for this transaction."""
         rows = []
-        for pool, pool_course in ledger.funding_order(course):
+        for pool, pool_course in ledger.funding_order(course, fallback):
             code = ledger.pool_code(account.username, pool, pool_course)
             self._ledger_account(db, code, account.id, pool, pool_course)
             rows.append(code)
@@ -456,6 +491,7 @@ class Store:
                     Hold.account_id.in_(ids),
                     Hold.released_at.is_(None),
                     Hold.expires_at > now,
+                    Hold.course == "",
                 )
                 .group_by(Hold.account_id)
             ).all()
@@ -694,17 +730,20 @@ class Store:
         *,
         hold: bool = True,
         idempotency_key: str | None = None,
+        course: str = "",
     ) -> Admission:
         """May ``username`` start ``count`` x ``sku``? Needs credit for the minimum period
         beyond what holds and young servers already claim; when allowed, a hold claims it.
 
         With ``idempotency_key`` the hold's id is that key: asking again (a retried request)
-        answers with the same hold instead of placing a second one."""
+        answers with the same hold instead of placing a second one. With ``course`` the
+        course's rules must allow it (``ValueError`` names the rule) and its allowance this
+        week pays, or the student's own credit if they opted in."""
         price = self.price(sku, price_class)
         rate = price * count
         needed = cost_micro(price, count, self.min_billable_seconds)
 
-        def work(db: Session) -> tuple[AccountState, HoldRecord | None, bool]:
+        def work(db: Session) -> tuple[AccountState, HoldRecord | None, bool, str | None]:
             account, _ = self._open(db, username, now)
             db.flush()
             # one admission per account at a time, across replicas
@@ -717,10 +756,31 @@ class Store:
                             "idempotency_key: already used by another account's admission"
                         )
                     state = self._state(db, account, now)
-                    return state, _hold_record(earlier, username), True
-            state = self._state(db, account, now)
-            if not hold or state.admissible_at(now, self.min_billable_seconds) < needed:
-                return state, None, False
+                    return state, _hold_record(earlier, username), True, None
+            refusal = None
+            if course:
+                rules, fallback = self.course_admission(db, account, course, sku, count, now)
+                state = self._state(db, account, now)
+                free = self._course_admissible(db, account, state, course, now)
+                if free < needed and not (
+                    fallback and state.admissible_at(now, self.min_billable_seconds) >= needed
+                ):
+                    start, end = rules.week(now)
+                    refusal = (
+                        f"No {rules.name} hours left this week for {sku}: "
+                        f"{format_duration(self.min_billable_seconds)} needs "
+                        f"{format_credits(needed)} of the course's allowance, "
+                        f"{format_credits(max(free, 0))} is left. Hours reset {rules.resets} "
+                        f"({end.isoformat()}). Opt in to go on with your own credit, or start "
+                        "without the course."
+                    )
+                    return state, None, False, refusal
+            else:
+                state = self._state(db, account, now)
+                if state.admissible_at(now, self.min_billable_seconds) < needed:
+                    return state, None, False, refusal
+            if not hold:
+                return state, None, False, refusal
             row = Hold(
                 id=idempotency_key or uuid.uuid4().hex,
                 account_id=account.id,
@@ -731,20 +791,25 @@ class Store:
                 created_at=now,
                 expires_at=now + timedelta(seconds=self.hold_seconds),
                 release_reason="",
+                course=course,
             )
             db.add(row)
             db.flush()
-            return state, _hold_record(row, username), False
+            return state, _hold_record(row, username), False, None
 
-        state, placed, replayed = self._write(work)
+        state, placed, replayed, refusal = self._write(work)
         free = state.admissible_at(now, self.min_billable_seconds)
         # a replay answers as the first time did: its hold is already among the held credit
         if replayed and placed.released_at is None:
             free += placed.amount_micro
-        allowed = replayed or free >= needed
+        allowed = replayed or placed is not None or (refusal is None and free >= needed)
         what = sku if count == 1 else f"{count} x {sku}"
         if allowed:
             message = f"Admitted {what} at {format_credits(rate)}/h"
+            if course:
+                message += f", paid by course {course}"
+        elif refusal:
+            message = refusal
         else:
             claimed = ""
             if free < state.available_at(now):
@@ -770,6 +835,26 @@ class Store:
             message=message,
             hold=placed,
         )
+
+    def _course_admissible(
+        self, db: Session, account: Account, state: AccountState, course: str, now: datetime
+    ) -> int:
+        """The course's allowance a new server may claim: what is left, less the course's
+        active holds and the rest of the minimum period of its young servers."""
+        held = db.scalar(
+            select(func.coalesce(func.sum(Hold.amount_micro), 0)).where(
+                Hold.account_id == account.id,
+                Hold.course == course,
+                Hold.released_at.is_(None),
+                Hold.expires_at > now,
+            )
+        )
+        young = 0
+        for s in state.running:
+            if s.course == course:
+                minimum = cost_micro(s.price_per_hour_micro, s.count, self.min_billable_seconds)
+                young += max(minimum - s.cost_at(now), 0)
+        return state.course_available_at(course, now) - int(held) - young
 
     def release_hold(self, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
         """Give a hold's credit back (a start failed); a released hold stays as it was."""
@@ -834,7 +919,15 @@ class Store:
                     "listed by GET api/prices"
                 )
             account, _ = self._open(db, username, now)
+            fallback = False
+            if course:
+                enrollment = db.get(Enrollment, (course, username))
+                if enrollment is None:
+                    raise ValueError(f"course: {username} is not a student of {course!r}")
+                fallback = enrollment.fallback
+                self._ensure_week(db, db.get(Course, course), username, now)
             row = BillingSession(
+                fallback=fallback,
                 id=session_id,
                 account_id=account.id,
                 username=username,
@@ -869,7 +962,7 @@ class Store:
         if amount == 0:
             return 0
         account = db.get(Account, row.account_id)
-        pools = self._pools(db, account, row.course)
+        pools = self._pools(db, account, row.course, row.fallback)
         if amount > 0:
             parts = ledger.split_charge(amount, [p.balance_micro for p in pools])
         else:
@@ -916,6 +1009,10 @@ class Store:
                     f"ended_at: {ended_at.isoformat()} is before the session started "
                     f"({row.started_at.isoformat()})"
                 )
+            if row.course:  # a new week first: the part before its start is last week's
+                course = db.get(Course, row.course)
+                if course is not None:
+                    self._ensure_week(db, course, row.username, max(ended_at, row.started_at))
             seconds = billed_seconds(row.started_at, ended_at)
             cost = cost_micro(row.price_per_hour_micro, row.count, seconds)
             row.ended_at = ended_at
@@ -935,6 +1032,7 @@ class Store:
         Sessions are taken in batches of ``batch_size`` (one transaction each), locked with
         SKIP LOCKED so replicas share the work instead of waiting for each other. The batch
         path uses Core statements (rows, executemany), not ORM objects: it is the hot loop."""
+        self.roll_course_weeks(now)
         posted = 0
         after = ""
         while True:
@@ -979,7 +1077,7 @@ class Store:
             amount = target - row.charged_micro
             order = [
                 ledger.pool_code(row.username, pool, course)
-                for pool, course in ledger.funding_order(row.course)
+                for pool, course in ledger.funding_order(row.course, row.fallback)
             ]
             parts = ledger.split_charge(amount, [balances[code] for code in order])
             moves = []

@@ -38,22 +38,28 @@ def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
 
 
 def warnings_view(
-    seconds_left: int | None, rate_per_hour_micro: int, thresholds: tuple[int, ...]
+    seconds_left: int | None,
+    rate_per_hour_micro: int,
+    thresholds: tuple[int, ...],
+    course: str = "",
 ) -> list[dict[str, Any]]:
-    """The "credit runs out soon" warning for the smallest threshold crossed, if any."""
+    """The "credit runs out soon" warning for the smallest threshold crossed, if any; for a
+    course's sessions (``course``), about its hours this week."""
     if seconds_left is None:
         return []
     crossed = [t for t in thresholds if seconds_left <= t]
     if not crossed:
         return []
     threshold = min(crossed)
-    left = "no credit" if seconds_left <= 0 else f"about {format_duration_short(seconds_left)}"
+    left = "no" if seconds_left <= 0 else f"about {format_duration_short(seconds_left)} of"
+    what = f"course {course} hours this week" if course else "credit"
     return [
         {
             "threshold_seconds": threshold,
             "seconds_left": seconds_left,
+            "course": course or None,
             "message": (
-                f"{left[0].upper()}{left[1:]} of credit left at "
+                f"{left[0].upper()}{left[1:]} {what} left at "
                 f"{format_credits(rate_per_hour_micro)}/h; running servers stop when it runs "
                 "out (files are kept). Stop a server or ask for credit to keep going."
             ),
@@ -96,7 +102,16 @@ def account_view(
         "rate_per_hour_micro": rate,
         "rate_per_hour": format_credits(rate),
         "seconds_left": seconds_left,
-        "warnings": warnings_view(seconds_left, rate, warning_seconds),
+        "warnings": [
+            warning
+            for course, group_available, sessions in state.funding_groups(now)
+            for warning in warnings_view(
+                seconds_covered(group_available, sum(s.rate_per_hour_micro for s in sessions)),
+                sum(s.rate_per_hour_micro for s in sessions),
+                warning_seconds,
+                course,
+            )
+        ],
         "running": [session_view(s, now) for s in state.running],
         "as_of": now.isoformat(),
     }

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .github import configure_github, github_settings
 from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,10 +99,9 @@ def apply(c: Any, settings: Settings) -> None:
     c.GPUSpawnerMixin.catalog_cards = settings.catalog.get("cards") or {}
     c.GPUSpawnerMixin.queue_timeout = int(spawner.get("queue_timeout", 3600))
     backend = spawner.get("backend", "local")
-    github = (hub.get("github") or {}).get("client_id")
     if (
         backend == "local"
-        and github
+        and github_settings(hub) is not None
         and not spawner.get("run_as_system_user")
         and not spawner.get("allow_shared_unix_user")
     ):
@@ -180,29 +180,21 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
 
 
 def _authentication(c: Any, hub: dict[str, Any]) -> None:
-    github = hub.get("github") or {}
-    admins = set(hub.get("admin_users") or [])
-    c.Authenticator.admin_users = admins
+    github = github_settings(hub)
+    c.Authenticator.admin_users = set(hub.get("admin_users") or [])
     c.Authenticator.post_auth_hook = open_billing_account
-    if github.get("client_id"):
-        c.JupyterHub.authenticator_class = "github"
-        c.GitHubOAuthenticator.client_id = github["client_id"]
-        c.GitHubOAuthenticator.client_secret = github.get("client_secret", "")
-        if github.get("callback_url"):
-            c.GitHubOAuthenticator.oauth_callback_url = github["callback_url"]
-        if github.get("github_url"):
-            c.GitHubOAuthenticator.github_url = github["github_url"]
-        orgs = set(github.get("allowed_organizations") or [])
-        c.GitHubOAuthenticator.scope = ["read:org"]
-        c.GitHubOAuthenticator.populate_teams_in_auth_state = True
-        if orgs:
-            c.GitHubOAuthenticator.allowed_organizations = orgs
-        else:
-            c.GitHubOAuthenticator.allow_all = True
+    notice = str(hub.get("login_notice") or "")
+    if github is None:
+        c.JupyterHub.authenticator_class = "dummy"
+        c.Authenticator.allow_all = True
+        # the development login is always labelled as such, whatever else the notice says
+        c.JupyterHub.template_vars.update(
+            {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}
+        )
         return
-    c.JupyterHub.authenticator_class = "dummy"
-    c.Authenticator.allow_all = True
-    c.JupyterHub.template_vars.update({"announcement_login": DEV_LOGIN_NOTICE})
+    configure_github(c, github, hub)
+    if notice:
+        c.JupyterHub.template_vars.update({"announcement_login": notice})
 
 
 def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:
@@ -263,6 +255,7 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
             "description": "Admins see every account and grant credit",
             "scopes": [BILLING_ADMIN_SCOPE, "access:services!service=billing"],
             "users": sorted(hub.get("admin_users") or []),
+            "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
         },
     ]
     for extra in hub.get("services") or []:

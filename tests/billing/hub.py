@@ -31,11 +31,12 @@ class Hub:
         return self.platform.user_token(username)
 
 
-def start_hub(tmp: Path) -> Hub:
+def start_hub(tmp: Path, **billing) -> Hub:
+    """The platform with billing settings for these tests, and ``billing`` on top."""
     hub_token = secrets.token_hex(16)
     platform = Platform(
         tmp,
-        extra={"billing": {"min_billable_seconds": 300}},
+        extra={"billing": {"min_billable_seconds": 300, **billing}},
         services=[{"name": "hubsim", "api_token": hub_token, "scopes": HUB_SCOPES}],
     )
     platform.start()

@@ -53,6 +53,9 @@ def test_api_needs_authentication(hub):
     assert r.status_code == 403 and "token" in r.json()["message"]
     r = requests.get(hub.billing + "api/me", headers={"Authorization": "token nope"}, timeout=5)
     assert r.status_code == 403
+    # other verbs too say what to send (they answered a bare "Forbidden")
+    r = requests.post(hub.billing + "api/admission", json={}, timeout=5)
+    assert r.status_code == 403 and "token" in r.json()["message"]
     # a browser is sent to log in at the hub
     r = requests.get(hub.billing, allow_redirects=False, timeout=5)
     assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"]
@@ -157,6 +160,48 @@ def test_session_lifecycle_and_idempotency(hub, as_hub):
         ("api/admission", {"username": "erin", "sku": "T4", "count": "1"}, "count"),
         ("api/admission", {"username": "erin", "sku": "B200", "count": 1}, "B200"),
         ("api/admission", ["not", "an", "object"], "object"),
+        # found by schemathesis: stored as is, then no interval charge could be posted
+        ("api/admission", {"username": "erin", "sku": "T4", "count": 34_799_882_809}, "count"),
+        ("api/admission", {"username": "erin", "sku": "T4", "count": 1001}, "1 to 1000"),
+        ("api/admission", {"username": "erin\x00", "sku": "T4", "count": 1}, "NUL"),
+        ("api/admission", {"username": "e" * 101, "sku": "T4", "count": 1}, "100 characters"),
+        (
+            "api/sessions",
+            {
+                "id": "e" * 201,
+                "username": "erin",
+                "server_name": "",
+                "sku": "T4",
+                "count": 1,
+                "started_at": "2025-01-01T10:00:00Z",
+            },
+            "'id' must be at most 200",
+        ),
+        # a 500 before: converting it to UTC overflowed
+        (
+            "api/sessions",
+            {
+                "id": "e1",
+                "username": "erin",
+                "server_name": "",
+                "sku": "T4",
+                "count": 1,
+                "started_at": "0001-01-01T00:00:00+01:00",
+            },
+            "from 2000-01-01",
+        ),
+        (
+            "api/sessions",
+            {
+                "id": "e1",
+                "username": "erin",
+                "server_name": "",
+                "sku": "T4",
+                "count": 1,
+                "started_at": "2100-01-01T00:00:00Z",
+            },
+            "started_at",
+        ),
         (
             "api/sessions",
             {"id": "e1", "username": "erin", "server_name": "", "sku": "T4", "count": 1},
@@ -193,6 +238,22 @@ def test_bad_input_is_400_and_changes_nothing(as_hub, as_ops, path, body, field)
     assert r.status_code == 400, r.text
     assert r.json()["status"] == 400 and field in r.json()["message"]
     assert as_ops("GET", "api/sessions?username=erin").json() == {"sessions": []}
+
+
+def test_odd_input_anywhere_is_400_not_500(as_hub, as_ops):
+    """What a fuzzer sends (tests/billing/test_openapi.py), pinned."""
+    # a day per entry from the year 200 on was a 40 MB answer; the year 1 with an offset a 500
+    for since in ["0200-09-17T00:00:00Z", "0001-01-01T00:30:00+05:00"]:
+        r = as_ops("GET", "api/usage", params={"since": since})
+        assert r.status_code == 400 and "since must be from 2000-01-01" in r.json()["message"]
+    r = as_hub("POST", "api/admission", data="[" * 100_000)  # too deep for json
+    assert r.status_code == 400 and "JSON" in r.json()["message"]
+    r = as_hub("PUT", "api/accounts/" + "u" * 101)
+    assert r.status_code == 400 and "username must be at most 100" in r.json()["message"]
+    r = as_hub("POST", "api/sessions/s%00/stop", json={"ended_at": "2025-01-01T00:00:00Z"})
+    assert r.status_code == 400 and "NUL" in r.json()["message"]
+    r = as_ops("POST", "api/price-books", json={"prices": {"T4": "10000.01"}})
+    assert r.status_code == 400 and "at most 10000.00" in r.json()["message"]
 
 
 def test_stop_before_start_is_400(as_hub, as_ops):

@@ -3,6 +3,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from billing_service.money import (
+    EARLIEST_TIME,
+    LATEST_TIME,
+    MAX_COUNT,
+    MAX_PRICE_MICRO,
     billed_seconds,
     cost_micro,
     format_credits,
@@ -89,3 +93,9 @@ def test_format_duration():
 def test_absurd_amounts_are_refused():
     with pytest.raises(ValueError, match="at most 1000000000 credits"):
         parse_credits("1E+30")
+
+
+def test_the_dearest_session_billing_accepts_fits_a_bigint():
+    # what the API lets through: the top price, the most units, from the first to the last time
+    seconds = billed_seconds(EARLIEST_TIME, LATEST_TIME)
+    assert cost_micro(MAX_PRICE_MICRO, MAX_COUNT, seconds) < 2**63

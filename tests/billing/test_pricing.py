@@ -71,3 +71,9 @@ def test_a_shared_gpu_costs_a_share_of_the_card():
     assert book.price("T4/shared") == 375_000
     assert book.price("T4/shared", "spot") == 150_000
     assert make_price_book({"T4": "1.50", "T4/shared": "0.50"}).price("T4/shared") == 500_000
+
+
+def test_a_price_above_ten_thousand_per_hour_is_refused():
+    assert make_price_book({"A100-80GB": "10000"}).price("A100-80GB") == 10_000_000_000
+    with pytest.raises(ValueError, match=r"'A100-80GB'\] must be at most 10000.00 credits"):
+        make_price_book({"A100-80GB": "10000.000001"})

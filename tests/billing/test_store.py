@@ -2,10 +2,13 @@ from datetime import timedelta
 
 import pytest
 
+from billing_service.courses import course_rules
 from billing_service.pricing import make_price_book
 from billing_service.store import NotFound, UnknownSku
 
 from .conftest import T0
+
+SKUS = {"RTX-4090", "T4", "A100-80GB", "A100-80GB/1g.10gb", "cpu"}
 
 
 @pytest.fixture(autouse=True)
@@ -162,11 +165,13 @@ def test_a_late_stop_gives_back_what_interval_charges_took_beyond_it(store):
 
 
 def test_funding_order_course_allowance_then_trial_then_paid(store):
-    store.open_account("stu", T0)
-    store.grant("stu", "allowance", 100_000, "week 1", "a1", T0, course="dl101")
+    # 72 s of an RTX-4090 a week: 0.10 of allowance
+    rules = course_rules({"name": "DL 101", "weekly_hours": 0.02, "allowed": ["RTX-4090"]}, SKUS)
+    store.create_course("prof", rules, "dl101", T0, join_code=False)
+    store.enroll("dl101", "stu", "instructor", T0)
+    store.set_fallback("dl101", "stu", True)
     store.grant("stu", "topup", 5_000_000, "card", "t1", T0)
-    store.adjust("stu", -9_950_000, "trial mostly used", "k1", T0)
-    # the adjustment took from paid (its pool): trial 10.00, paid -4.95 -> let trial be 0.05
+    store.adjust("stu", -9_950_000, "paid pool in debt", "k1", T0)
     store.start_session("c1", "stu", "", "RTX-4090", 1, T0, T0, course="dl101")
     store.stop_session("c1", T0 + timedelta(seconds=360), T0)  # 0.50
     pools = store.account("stu", T0).pools
@@ -270,3 +275,10 @@ def test_a_retried_admission_answers_with_the_same_hold(store):
     assert not store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-2").allowed
     with pytest.raises(ValueError, match="another account"):
         store.admit("bob", "T4", 1, T0, idempotency_key="spawn-1")
+
+
+def test_a_username_with_a_colon_cannot_reach_another_users_pools(store):
+    store.open_account("a", T0)
+    store.open_account("a:allowance", T0)
+    assert store.account("a", T0).pools == {"user:a:trial": 10_000_000}
+    assert store.account("a:allowance", T0).pools == {"user:a%3Aallowance:trial": 10_000_000}

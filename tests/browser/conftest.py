@@ -1,3 +1,5 @@
+"""Chromium from Debian, driven by Playwright, headless."""
+
 from pathlib import Path
 
 import pytest

@@ -46,7 +46,9 @@ def test_github_login_on_one_machine_needs_separate_unix_users(tmp_path):
     from hub_config.hub import apply
 
     f = tmp_path / "g.yaml"
-    f.write_text(f"data_dir: {tmp_path}\nhub:\n  github:\n    client_id: abc\n")
+    f.write_text(
+        f"data_dir: {tmp_path}\nhub:\n  github:\n    client_id: abc\n    client_secret: s\n"
+    )
     with pytest.raises(SettingsError, match="run_as_system_user: true"):
         apply(Config(), load_settings(f, environ={}))
     c = Config()

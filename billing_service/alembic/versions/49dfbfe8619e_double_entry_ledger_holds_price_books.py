@@ -184,7 +184,8 @@ def _carry_entries_over(bind: sa.Connection) -> None:
     entries = meta.tables["ledger_entries"]
     sessions = meta.tables["sessions"]
     for entry in bind.execute(sa.select(entries).order_by(entries.c.id)).all():
-        user = accounts[entry.account_id]
+        # as ledger.pool_code escapes names (frozen here, like the rest of the migration)
+        user = accounts[entry.account_id].replace("%", "%25").replace(":", "%3A")
         key = entry.idempotency_key
         moves: list[tuple[str, int | None, str, int]] = []
         if entry.kind == "charge":

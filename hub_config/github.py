@@ -1,0 +1,153 @@
+"""GitHub login: validated ``hub.github`` settings -> GitHubOAuthenticator configuration.
+
+Teams reach ``auth_state`` and become JupyterHub groups named ``org:team`` (lower case);
+``admin_teams`` are JupyterHub admins; ``allowed_organizations`` (organizations or
+``org:team``) restrict sign-up, else any GitHub user may sign up. auth_state (which holds the
+user's GitHub token) is encrypted with ``JUPYTERHUB_CRYPT_KEY`` or, without it, a key kept in
+``hub.crypt_key_file``. See docs/github.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from .settings import SettingsError
+
+GITHUB_KEYS = {
+    "client_id",
+    "client_secret",
+    "callback_url",
+    "url",
+    "login_service",
+    "allowed_organizations",
+    "admin_teams",
+}
+# an organization login, optionally with a team slug: acme, acme:gpu-users
+_GITHUB_ORG_TEAM = re.compile(r"^[a-z0-9][a-z0-9-]*(:[a-z0-9][a-z0-9._-]*)?$")
+
+log = logging.getLogger("gputap.config")
+
+
+def configure_github(c: Any, github: dict[str, Any], hub: dict[str, Any]) -> None:
+    """Fill ``c`` for GitHub login from validated settings (see :func:`github_settings`)."""
+    c.JupyterHub.authenticator_class = "github"
+    gh = c.GitHubOAuthenticator
+    gh.client_id = github["client_id"]
+    gh.client_secret = github["client_secret"]
+    gh.login_service = github["login_service"]
+    if github["callback_url"]:
+        gh.oauth_callback_url = github["callback_url"]
+    if github["url"]:
+        gh.github_url = github["url"]
+    # read:org shows private organization and team membership, not just public membership
+    gh.scope = ["read:org"]
+    gh.populate_teams_in_auth_state = True
+    gh.enable_auth_state = True
+    gh.manage_groups = True
+    gh.auth_state_groups_key = github_team_groups
+    if github["allowed_organizations"]:
+        gh.allowed_organizations = set(github["allowed_organizations"])
+        gh.custom_403_message = (
+            "This hub is open to members of the GitHub organizations or teams "
+            f"{', '.join(github['allowed_organizations'])} only, and your GitHub account is "
+            "not one of them. Ask an owner to add you, or sign out of GitHub and sign in "
+            "with an account that is a member."
+        )
+    else:
+        gh.allow_all = True
+    if github["admin_teams"]:
+        gh.admin_groups = set(github["admin_teams"])
+    # JUPYTERHUB_CRYPT_KEY, when set, is read by JupyterHub itself (and may rotate keys)
+    if not os.environ.get("JUPYTERHUB_CRYPT_KEY"):
+        c.CryptKeeper.keys = [ensure_crypt_key(Path(hub["crypt_key_file"]))]
+
+
+def github_team_groups(auth_state: dict[str, Any]) -> list[str]:
+    """auth_state_groups_key: the user's GitHub teams as JupyterHub groups ``org:team``.
+
+    GitHub names are case-insensitive; groups are lower case so that ``admin_teams``
+    and course bindings match whatever case an organization's login is shown in.
+    """
+    return sorted(
+        {
+            f"{team['organization']['login']}:{team['slug']}".lower()
+            for team in auth_state.get("teams") or []
+        }
+    )
+
+
+def github_settings(hub: dict[str, Any]) -> dict[str, Any] | None:
+    """The validated ``hub.github`` section, or None when GitHub login is off (no client_id)."""
+    github = hub.get("github") or {}
+    if not isinstance(github, dict):
+        raise SettingsError("hub.github must be a mapping")
+    for key in github:
+        if key == "github_url":
+            raise SettingsError("hub.github.github_url is now hub.github.url")
+        if key not in GITHUB_KEYS:
+            raise SettingsError(
+                f"hub.github.{key} is not a setting; known: {', '.join(sorted(GITHUB_KEYS))}"
+            )
+    if not github.get("client_id"):
+        return None
+    if not github.get("client_secret"):
+        raise SettingsError(
+            "hub.github.client_secret must be set with client_id (the OAuth app's secret)"
+        )
+    url = str(github.get("url") or "").rstrip("/")
+    if url and not re.match(r"^https?://[^/]+", url):
+        raise SettingsError(f"hub.github.url must be an http(s) URL, not {url!r}")
+    allowed = [str(name).lower() for name in github.get("allowed_organizations") or []]
+    for name in allowed:
+        if not _GITHUB_ORG_TEAM.match(name):
+            raise SettingsError(
+                f"hub.github.allowed_organizations: {name!r} is not an organization (acme) "
+                "or a team (acme:team-slug)"
+            )
+    admin_teams = [str(name).lower() for name in github.get("admin_teams") or []]
+    for name in admin_teams:
+        if ":" not in name or not _GITHUB_ORG_TEAM.match(name):
+            raise SettingsError(
+                f"hub.github.admin_teams: {name!r} is not a team as org:team-slug (acme:admins)"
+            )
+    return {
+        "client_id": str(github["client_id"]),
+        "client_secret": str(github["client_secret"]),
+        "callback_url": str(github.get("callback_url") or ""),
+        "url": url,
+        "login_service": str(github.get("login_service") or "GitHub"),
+        "allowed_organizations": allowed,
+        "admin_teams": admin_teams,
+    }
+
+
+def ensure_crypt_key(path: Path) -> str:
+    """The auth_state encryption key kept in ``path``; created (32 random bytes, hex, mode
+    0600) when missing. A key others can read, or one that is not a key, is refused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        log.info("created the auth_state encryption key %s", path)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise SettingsError(
+            f"{path} holds the key that encrypts users' GitHub tokens but others may read it "
+            f"(mode {mode:o}); run: chmod 600 {path}"
+        )
+    key = path.read_text().strip()
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", key):
+        raise SettingsError(
+            f"{path} is not a 32-byte hex key; delete it to have a new one made "
+            "(users then sign in again) or put `openssl rand -hex 32` in it"
+        )
+    return key

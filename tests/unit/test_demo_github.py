@@ -1,0 +1,39 @@
+"""`GPUTAP_DEMO_GITHUB=1 make demo`: GitHub login through the stand-in, labelled as one."""
+
+import requests
+from oauthenticator.github import GitHubOAuthenticator
+from traitlets.config import Config
+
+from hub_config.demo import STAND_IN_NOTICE, stand_in_environment, start_github_stand_in
+from hub_config.hub import apply
+from hub_config.settings import load_settings
+from tests.github_sim.client import user_link
+
+
+def test_demo_settings_make_a_labelled_github_login(tmp_path, monkeypatch):
+    monkeypatch.delenv("JUPYTERHUB_CRYPT_KEY", raising=False)
+    f = tmp_path / "g.yaml"
+    f.write_text(f"data_dir: {tmp_path}\n")
+    c = Config()
+    apply(c, load_settings(f, environ=stand_in_environment("http://127.0.0.1:1234")))
+    auth = GitHubOAuthenticator(config=c)
+    assert auth.github_url == "http://127.0.0.1:1234"
+    assert auth.login_service == "GitHub stand-in"  # the button: "Sign in with GitHub stand-in"
+    assert auth.admin_groups == {"demo-uni:hub-admins"}
+    assert auth.allow_all is True
+    assert c.JupyterHub.template_vars == {"announcement_login": STAND_IN_NOTICE}
+
+
+def test_demo_stand_in_serves_the_demo_users(tmp_path):
+    proc, url = start_github_stand_in("127.0.0.1", tmp_path / "stand-in.log")
+    try:
+        page = requests.get(
+            f"{url}/login/oauth/authorize",
+            params={"client_id": "gputap-test-client", "redirect_uri": "http://127.0.0.1:9/cb"},
+            timeout=5,
+        )
+        for login in ("alice", "bob", "carol", "dave"):
+            assert user_link(page.text, login)
+    finally:
+        proc.terminate()
+        proc.wait(10)
