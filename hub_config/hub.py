@@ -171,12 +171,11 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
 
     c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers]
     c.JupyterHub.template_paths = [str(TEMPLATES)]
-    c.JupyterHub.template_vars.update(
-        {
-            "gputap_account_url": f"{base_url}hub/{account.ACCOUNT_PATH}",
-            "gputap_credit_refresh_seconds": float(hub.get("credit_banner_refresh_seconds", 30)),
-        }
-    )
+    c.JupyterHub.template_vars = {
+        **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
+        "gputap_account_url": f"{base_url}hub/{account.ACCOUNT_PATH}",
+        "gputap_credit_refresh_seconds": float(hub.get("credit_banner_refresh_seconds", 30)),
+    }
 
 
 def _authentication(c: Any, hub: dict[str, Any]) -> None:
@@ -188,13 +187,11 @@ def _authentication(c: Any, hub: dict[str, Any]) -> None:
         c.JupyterHub.authenticator_class = "dummy"
         c.Authenticator.allow_all = True
         # the development login is always labelled as such, whatever else the notice says
-        c.JupyterHub.template_vars.update(
-            {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}
-        )
+        c.JupyterHub.template_vars = {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}
         return
     configure_github(c, github, hub)
     if notice:
-        c.JupyterHub.template_vars.update({"announcement_login": notice})
+        c.JupyterHub.template_vars = {"announcement_login": notice}
 
 
 def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ def test_demo_settings_make_a_labelled_github_login(tmp_path, monkeypatch):
     assert auth.login_service == "GitHub stand-in"  # the button: "Sign in with GitHub stand-in"
     assert auth.admin_groups == {"demo-uni:hub-admins"}
     assert auth.allow_all is True
-    assert c.JupyterHub.template_vars == {"announcement_login": STAND_IN_NOTICE}
+    assert c.JupyterHub.template_vars["announcement_login"] == STAND_IN_NOTICE
 
 
 def test_demo_stand_in_serves_the_demo_users(tmp_path):
