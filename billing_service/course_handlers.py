@@ -24,7 +24,7 @@ from tornado import web
 from .course_store import CourseRecord, JoinRateLimited, StudentCourse
 from .courses import WEEKDAYS, course_rules, slug_of
 from .fields import MAX_LENGTH, check_text, optional_text, text_field
-from .handlers import APIHandler
+from .handlers import APIHandler, BaseHandler
 from .money import format_credits
 from .usage import csv_text
 
@@ -299,6 +299,43 @@ class InstructorsHandler(CourseHandler):
         self.write_json({"username": username, "instructor": True}, 201 if created else 200)
 
 
+class CoursesPageHandler(CourseHandler):
+    """The courses page: a student's courses and hours, the join form; for instructors their
+    courses with this week's roster usage and the form to create one."""
+
+    def get_login_url(self) -> str:
+        return BaseHandler.get_login_url(self)
+
+    def set_default_headers(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+
+    @web.authenticated
+    async def get(self) -> None:
+        if not self.caller_is_user:
+            raise web.HTTPError(403, "The courses page is for users")
+        now = self.now()
+        taken = await self.blocking(self.store.student_courses, self.caller, now)
+        teaching = await self.may_teach()
+        taught = await self.blocking(functools.partial(self.store.courses, instructor=self.caller))
+        usage = {}
+        for course in taught:
+            usage[course.slug] = (await self.blocking(self.store.roster_usage, course.slug, now))[3]
+        book = (await self.blocking(self.store.price_book_at))[1]
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.render(
+            "courses.html",
+            username=self.caller,
+            taken=[student_course_view(t) for t in taken],
+            teaching=teaching,
+            taught=[course_view(c, full=True) for c in taught],
+            usage=usage,
+            options=sorted(s for s in book.configured() if s != "cpu"),
+            weekdays=WEEKDAYS,
+            api_base=self.request.path.rsplit("/courses", 1)[0] + "/api/",
+            xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
+        )
+
+
 COURSE_ROUTES = [
     (r"api/courses", CoursesHandler),
     (r"api/courses/join", JoinHandler),
@@ -311,4 +348,5 @@ COURSE_ROUTES = [
     (r"api/courses/([^/]+)/enrollment", EnrollmentHandler),
     (r"api/accounts/([^/]+)/courses", StudentCoursesHandler),
     (r"api/instructors/([^/]+)", InstructorsHandler),
+    (r"courses", CoursesPageHandler),
 ]

@@ -29,7 +29,7 @@ from .hub import start_hub, stop_hub
 
 PREFIX = "/services/billing/"
 #: routes that answer no JSON, left out of the description on purpose (docs/billing.md)
-NOT_JSON = {"", "admin", "metrics", "oauth_callback"}
+NOT_JSON = {"", "admin", "courses", "metrics", "oauth_callback"}
 VERBS = {"get", "put", "post", "delete", "patch"}
 #: generated requests per operation and caller: enough to reach every field's edges while
 #: the file runs in about a minute
