@@ -43,9 +43,9 @@ SEED = 20261130
 USERS = [f"user{i}" for i in range(8)]
 SKUS = ["cpu", "T4", "L40S", "A100-80GB", "A100-80GB/1g.10gb", "H100-80GB/3g.40gb"]
 TRIAL = 10_000_000
-#: a pod is deleted while billing is down only if it had run this long before billing went
-#: down: billing must have seen it to know its session (a pod that lives and dies unseen is
-#: billed by the spawner's own start and stop, which this test does not send)
+#: a pod is deleted only after it ran this long while a billing process was watching: billing
+#: must have seen it to know its session (a pod that lives and dies unseen is billed by the
+#: spawner's own start and stop, which this test does not send)
 SEEN_MARGIN = timedelta(seconds=2)
 
 
@@ -84,6 +84,7 @@ class Billing:
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",  # a killed process loses no log line
             "GPUTAP_SETTINGS": str(path),
             "JUPYTERHUB_API_TOKEN": "not-a-hub-token",
             "JUPYTERHUB_API_URL": f"http://127.0.0.1:{free_port()}/hub/api",
@@ -95,6 +96,8 @@ class Billing:
         self.kills = 0
         self._read = 0  # how much of the log was searched for the synced line
         self._synced = False
+        #: (from, to) of every process's watch: from its synced line to its kill (None: now)
+        self.watches: list[tuple[datetime, datetime | None]] = []
 
     def start(self) -> None:
         self._read = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -124,13 +127,24 @@ class Billing:
             # a line may be half written: search again from its start next time
             self._read += new.rfind(b"\n") + 1
             self._synced = b"Metering pods in namespace" in new
+            if self._synced:
+                self.watches.append((datetime.now(UTC), None))
         return self._synced
+
+    def has_seen(self, started: datetime) -> bool:
+        """Whether a pod running since ``started`` was in view of a live watch long enough
+        for billing to have recorded it."""
+        now = datetime.now(UTC)
+        return any((to or now) - max(started, since) >= SEEN_MARGIN for since, to in self.watches)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.proc = None
         self.kills += 1
+        if self._synced:
+            self.watches[-1] = (self.watches[-1][0], datetime.now(UTC))
+        self._synced = False
 
     def stop(self) -> None:
         if self.up:
@@ -207,7 +221,6 @@ def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng) 
     sim = cluster.cluster
     next_kill: float | None = None
     down_until = 0.0
-    last_kill = datetime.now(UTC)
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         now = datetime.now(UTC)
@@ -235,20 +248,19 @@ def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng) 
                 continue
             if now - pod.started < timedelta(seconds=plan.life):
                 continue
-            if not synced and pod.started > last_kill - SEEN_MARGIN:
-                continue  # billing may never have seen it running
+            if not billing.has_seen(pod.started):
+                continue
             cluster.call(sim.api.delete, POD, NS, plan.name)
             plan.delete_asked = True
             if synced and rng.random() < 0.15:
                 # billing dies while this pod ends: its DELETED may or may not be applied
                 billing.kill()
-                last_kill, synced = datetime.now(UTC), False
+                synced = False
                 down_until, next_kill = time.monotonic() + rng.uniform(0, 1.5), None
         if synced and next_kill is None:
             next_kill = time.monotonic() + rng.uniform(2, 7)
         if synced and time.monotonic() >= next_kill:
             billing.kill()
-            last_kill = datetime.now(UTC)
             down_until, next_kill = time.monotonic() + rng.uniform(0, 1.5), None
         if not billing.up and time.monotonic() >= down_until:
             billing.start()
@@ -268,13 +280,14 @@ def wait_settled(url: str, truth: Truth, billing: Billing) -> dict[str, dict]:
         while time.monotonic() < deadline:
             with engine.connect() as db:
                 rows = {r.id: r._asdict() for r in db.execute(text("SELECT * FROM sessions"))}
-            wanted = {t.session_id for t in truth.snapshot().values()}
-            if wanted <= set(rows) and all(rows[s]["ended_at"] for s in wanted):
+            pods = {t.session_id: t for t in truth.snapshot().values()}
+            open_ = {pods[s].name: s for s in pods if s not in rows or not rows[s]["ended_at"]}
+            if not open_:
                 return rows
             time.sleep(0.5)
     finally:
         engine.dispose()
-    raise AssertionError(f"sessions not all closed within 60 s:\n{billing.log_tail()}")
+    raise AssertionError(f"sessions not closed within 60 s: {open_}\n{billing.log_tail()}")
 
 
 def check_bills(url, todo, pods, killed, sessions) -> None:
