@@ -23,15 +23,9 @@ from sqlalchemy import select
 
 from billing_service.app import make_meter
 from billing_service.config import billing_config
-from billing_service.kube_meter import (
-    KubeConfigMissing,
-    KubeMeter,
-    MeteredSession,
-    killed_at,
-    pod_facts,
-    vanished_end,
-)
+from billing_service.kube_meter import KubeConfigMissing, KubeMeter
 from billing_service.orm import BillingSession
+from billing_service.pod_facts import MeteredSession, killed_at, pod_facts, vanished_end
 from hub_config.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import EVENT, NAMESPACE, POD
@@ -220,6 +214,9 @@ def test_a_vanished_pod_ends_at_its_last_killing_event():
 def test_an_event_without_uid_counts_by_name_only_after_the_session_started():
     assert killed_at([killing(5, uid="")], metered()) is None  # an older pod of that name
     assert killed_at([killing(40, uid="")], metered()) == t(40)
+    # a later server may have reused the name: the earliest kill after the start
+    assert killed_at([killing(70, uid=""), killing(40, uid="")], metered()) == t(40)
+    assert killed_at([killing(70, uid=""), killing(80)], metered()) == t(80)  # uid first
 
 
 def test_without_an_event_a_vanished_pod_ends_when_last_seen_else_at_its_start():
@@ -410,6 +407,34 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
     for user in ("ada", "bob", "cy"):
         assert store.account(user, now).balance_micro == 10_000_000 - costs.get(user, 0)
     assert store.check_ledger() == []
+
+
+async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(
+    cluster, store, meters
+):
+    cluster.faults.drop_watches(after_events=2)
+    cluster.faults.fail_requests(0.3, code=503, verbs=["GET"], path=r"/pods|/events")
+    await meters.start()
+    make = cluster.api.create
+    make(POD, NS, gputap_pod("exits", "ada", "T4", seconds=1.2, session_id="s-exits"))
+    make(POD, NS, gputap_pod("deleted", "ada", "L40S", session_id="s-deleted"))
+    await until(lambda: (p := cluster.truth.snapshot()) and all(t.started for t in p.values()))
+    await asyncio.sleep(1.5)
+    cluster.api.delete(POD, NS, "deleted")
+    await until(lambda: len(cluster.pods(NS)) == 1)
+    truth = {t.session_id: t for t in cluster.truth.snapshot().values()}
+
+    def settled():
+        sessions = {s.id: s for s in store.sessions(None) if s.ended_at}
+        return sessions if set(sessions) == set(truth) else None
+
+    sessions = await until(settled, within=30)
+    assert cluster.faults.injected > 0
+    for session_id, t in truth.items():
+        assert (sessions[session_id].started_at, sessions[session_id].ended_at) == (
+            t.started,
+            t.end,
+        )
 
 
 # -- wiring ----------------------------------------------------------------------------------------
