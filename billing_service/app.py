@@ -183,4 +183,5 @@ async def make_meter(
         configuration,
         namespace,
         seen_interval_seconds=config.meter_seen_interval_seconds,
+        start_grace_seconds=config.meter_start_grace_seconds,
     )

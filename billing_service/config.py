@@ -28,6 +28,7 @@ class BillingConfig:
     max_overrun_seconds: int = 30
     kubeconfig: str = ""
     meter_seen_interval_seconds: float = 10.0
+    meter_start_grace_seconds: float = 30.0
 
 
 def _positive_int(
@@ -37,6 +38,13 @@ def _positive_int(
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"billing.{key} must be an integer >= {minimum}, not {value!r}")
     return value
+
+
+def _seconds(section: Mapping[str, object], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"billing.{key} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _positive_number(section: Mapping[str, object], key: str, default: float) -> float:
@@ -90,6 +98,7 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         reconcile_interval_seconds=_positive_number(section, "reconcile_interval_seconds", 30),
         kubeconfig=kubeconfig,
         meter_seen_interval_seconds=_positive_number(section, "meter_seen_interval_seconds", 10),
+        meter_start_grace_seconds=_seconds(section, "meter_start_grace_seconds", 30),
         price_book=make_price_book(
             section.get("prices") or {},
             section.get("spot_discount_percent", 60),

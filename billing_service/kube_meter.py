@@ -11,7 +11,9 @@ The rules, also in docs/billing.md ("Metering on Kubernetes"):
   and ``gputap.io/offering`` annotations. Its session id is the ``gputap.io/session``
   annotation (the spawner's), else ``pod-<uid>``.
 - The session starts when the server container (``notebook``) started running. A pod that is
-  Pending, pulling its image or creating its container is not charged.
+  Pending, pulling its image or creating its container is not charged. The meter leaves the
+  spawner ``start_grace_seconds`` to open a running pod's session itself (with its admission's
+  hold), then opens it from the container's start.
 - It ends at the container's ``finishedAt`` once the pod has ended (Succeeded or Failed), or at
   the deletion request (``deletionTimestamp - deletionGracePeriodSeconds``), whichever is first.
   A pod that is gone (DELETED) or ended without either time ends when the meter saw that.
@@ -34,7 +36,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -55,7 +57,7 @@ from .pod_facts import (
     pod_facts,
     vanished_end,
 )
-from .store import Store, UnknownSku
+from .store import Store
 
 log = logging.getLogger("billing.meter")
 
@@ -67,6 +69,8 @@ LABEL_SELECTOR = USER_KEY
 WATCH_SECONDS = 300
 #: the longest wait before relisting after a failure
 MAX_BACKOFF_SECONDS = 30.0
+#: how often sessions waiting out their start grace are looked at
+WAITING_CHECK_SECONDS = 1.0
 
 
 # -- the meter's own rows (run on the store's executor) ------------------------------------------
@@ -158,6 +162,7 @@ class KubeMeter:
         namespace: str,
         *,
         seen_interval_seconds: float = 10.0,
+        start_grace_seconds: float = 30.0,
         watch_seconds: int = WATCH_SECONDS,
     ) -> None:
         self.store = store
@@ -165,11 +170,16 @@ class KubeMeter:
         self.api = api
         self.namespace = namespace
         self.seen_interval_seconds = seen_interval_seconds
+        self.start_grace = timedelta(seconds=start_grace_seconds)
         self.watch_seconds = watch_seconds
         #: the gputap pods of the last list, kept current by the watch (by uid)
         self.pods: dict[str, PodFacts] = {}
         #: session id -> start, of sessions this meter started or found open
         self._open: dict[str, datetime] = {}
+        #: running pods whose session the spawner has the start grace to open (by session id)
+        self._waiting: dict[str, PodFacts] = {}
+        #: session ids whose pod this process has recorded in session_pods
+        self._bound: set[str] = set()
         #: session ids known to be settled (their events change nothing)
         self._settled: set[str] = set()
         #: pods and sessions reported as unbillable since the last list (logged once each)
@@ -214,30 +224,43 @@ class KubeMeter:
             self.pods[facts.pod_uid] = facts
         if facts.started_at is None or facts.session_id in self._settled:
             return
+        ending = deleted or facts.finished
+        if not ending and facts.session_id not in self._open:
+            await self._bind(facts)
+            if clock.utcnow() - facts.started_at < self.start_grace:
+                # the spawner opens it with what only it knows (its admission's hold)
+                self._waiting[facts.session_id] = facts
+                return
+        self._waiting.pop(facts.session_id, None)
         started_at = await self._start(facts)
-        if started_at is not None and (deleted or facts.finished):
+        if started_at is not None and ending:
             await self._stop(facts, started_at, facts.ended_at or seen_at)
+
+    async def _bind(self, facts: PodFacts) -> None:
+        if facts.session_id not in self._bound:
+            await self._db(bind_pod, self.store.engine, facts, clock.utcnow())
+            self._bound.add(facts.session_id)
 
     async def _start(self, facts: PodFacts) -> datetime | None:
         """Start (or find) the pod's session; its start, or None when it is settled or
         cannot be billed."""
         if facts.session_id in self._open:
             return self._open[facts.session_id]
-        now = clock.utcnow()
-        await self._db(bind_pod, self.store.engine, facts, now)
+        await self._bind(facts)
+        start = partial(self.store.start_session, course=facts.course)
         try:
             record, created = await self._db(
-                self.store.start_session,
+                start,
                 facts.session_id,
                 facts.username,
                 facts.server_name,
                 facts.sku,
                 facts.count,
                 facts.started_at,
-                now,
+                clock.utcnow(),
                 facts.price_class,
             )
-        except UnknownSku as e:
+        except ValueError as e:  # a SKU without a price, a course the user is not in
             if facts.session_id not in self._refused:
                 self._refused.add(facts.session_id)
                 log.error(
@@ -299,7 +322,9 @@ class KubeMeter:
         self._refused.clear()
         present = {facts.session_id for facts in self.pods.values()}
         self._settled &= present
+        self._bound &= present
         self._open = {sid: at for sid, at in self._open.items() if sid in present}
+        self._waiting = {sid: f for sid, f in self._waiting.items() if sid in present}
         closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
         self.synced = True
         running = [f for f in self.pods.values() if f.running]
@@ -372,8 +397,9 @@ class KubeMeter:
                     )
 
     async def mark_seen(self, at: datetime) -> None:
-        """Record that the sessions of running pods were seen running ``at``."""
-        ids = [f.session_id for f in self.pods.values() if f.running and f.session_id in self._open]
+        """Record that the sessions of running pods were seen running ``at`` (those the
+        spawner opened during their start grace too)."""
+        ids = [f.session_id for f in self.pods.values() if f.running]
         await self._db(self.store.mark_seen, ids, at)
 
     async def _mark_seen_forever(self) -> None:
@@ -386,10 +412,35 @@ class KubeMeter:
             except Exception:
                 log.exception("Metering: recording running pods failed; trying again")
 
+    async def start_waiting(self) -> None:
+        """Open the sessions of running pods whose start grace is over (the spawner did not
+        open them): from the container's start, so no second is lost."""
+        for session_id, facts in list(self._waiting.items()):
+            if clock.utcnow() - facts.started_at < self.start_grace:
+                continue
+            del self._waiting[session_id]
+            current = self.pods.get(facts.pod_uid)
+            if current is None or current.finished:
+                continue  # apply() has ended it
+            try:
+                await self._start(current)
+            except Exception:
+                self._waiting.setdefault(session_id, current)  # next time, or the next list
+                raise
+
+    async def _start_waiting_forever(self) -> None:
+        while True:
+            await asyncio.sleep(WAITING_CHECK_SECONDS)
+            try:
+                await self.start_waiting()
+            except Exception:
+                log.exception("Metering: opening sessions after their start grace failed")
+
     async def run(self) -> None:
         """List, reconcile and watch forever. Every watch ends in a relist: a second after a
         normal end or a 410, after a growing back-off (1 s to 30 s) after an error."""
         seen = asyncio.ensure_future(self._mark_seen_forever())
+        waiting = asyncio.ensure_future(self._start_waiting_forever())
         delay = 0.0
         try:
             while True:
@@ -410,6 +461,7 @@ class KubeMeter:
                 await asyncio.sleep(max(delay, 1.0))
         finally:
             seen.cancel()
+            waiting.cancel()
             self.synced = False
 
     def _failed(self, error: Exception, delay: float) -> float:

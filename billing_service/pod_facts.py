@@ -16,6 +16,7 @@ SESSION_ANNOTATION = f"{PREFIX}session"
 USER_KEY = f"{PREFIX}user"  # a label (slug) and an annotation (the username as is)
 SERVER_ANNOTATION = f"{PREFIX}server"
 OFFERING_ANNOTATION = f"{PREFIX}offering"
+COURSE_ANNOTATION = f"{PREFIX}course"
 COUNT_LABEL = f"{PREFIX}count"
 PRICE_CLASS_LABEL = f"{PREFIX}price-class"
 #: KubeSpawner's name for the single-user server's container
@@ -44,6 +45,8 @@ class PodFacts:
     sku: str
     count: int
     price_class: str
+    #: the course that funds it (billing's course slug), "" for the user's own credit
+    course: str
     #: the server container's first start; None while it never ran (not billed)
     started_at: datetime | None
     #: when it stopped for good, when the pod says so (container finish, deletion request)
@@ -134,6 +137,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         sku=sku,
         count=int(count_label),
         price_class=price_class,
+        course=annotations.get(COURSE_ANNOTATION, ""),
         started_at=started_at,
         ended_at=min(ends, default=None),
         finished=phase in TERMINAL_PHASES or deletion is not None,

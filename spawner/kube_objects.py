@@ -13,13 +13,14 @@ and operators can attribute it:
 | ``gputap.io/slice`` | ``1g.10gb`` (slices), ``shared`` (time-sliced GPUs) | |
 | ``gputap.io/count`` | ``2`` | |
 | ``gputap.io/price-class`` | ``on-demand`` or ``spot`` | |
-| ``gputap.io/course`` | course slug (when course-funded) | course name |
+| ``gputap.io/course`` | course slug (when course-funded) | the course's key in billing |
 | ``gputap.io/price-per-hour-micro`` | — | the price per unit at placement |
 | ``gputap.io/session`` | — | the billing session id (the spawner's, one per start) |
 
 Billing meters pods by these (billing_service/kube_meter.py): the session annotation is the id
 under which the spawner posts the server's start and stop, so billing's pod meter, a second
-source, records the same session and never a second one.
+source, records the same session and never a second one; the course annotation is the course
+billing charges, as the spawner names it when it opens the session.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ def test_defaults_are_valid():
     assert config.price_book.price("RTX-4090") == 5_000_000
     # the pod meter: $KUBECONFIG or in-cluster, running pods recorded every 10 s
     assert (config.kubeconfig, config.meter_seen_interval_seconds) == ("", 10.0)
+    assert config.meter_start_grace_seconds == 30.0
 
 
 def test_env_override_reaches_billing():
@@ -33,6 +34,7 @@ def test_env_override_reaches_billing():
         ("database_url", ""),
         ("kubeconfig", 5),
         ("meter_seen_interval_seconds", 0),
+        ("meter_start_grace_seconds", -1),
     ],
 )
 def test_bad_settings_name_the_key(key, value):

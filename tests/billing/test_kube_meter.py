@@ -89,6 +89,13 @@ def test_a_running_pod_names_its_session_and_what_to_bill():
     assert (facts.namespace, facts.pod_name, facts.pod_uid) == ("gputap", "jupyter-ada", "0b5e-uid")
     assert facts.started_at == t(42)
     assert facts.ended_at is None and facts.running
+    assert facts.course == ""  # the user's own credit pays
+
+
+def test_a_course_funded_pod_names_its_course():
+    pod = api_pod(state={"running": {"startedAt": at(1)}})
+    pod["metadata"]["annotations"]["gputap.io/course"] = "dl-2026"
+    assert pod_facts(pod).course == "dl-2026"
 
 
 def test_a_pod_without_session_annotation_is_its_own_session():
@@ -258,13 +265,14 @@ class Meters:
         self.api_client = client.ApiClient(client.Configuration(host=url))
         self.tasks: dict[KubeMeter, asyncio.Task] = {}
 
-    async def start(self, seen_interval_seconds=0.3) -> KubeMeter:
+    async def start(self, seen_interval_seconds=0.3, start_grace_seconds=0) -> KubeMeter:
         meter = KubeMeter(
             self.store,
             self.executor,
             client.CoreV1Api(self.api_client),
             NS,
             seen_interval_seconds=seen_interval_seconds,
+            start_grace_seconds=start_grace_seconds,
         )
         self.tasks[meter] = asyncio.ensure_future(meter.run())
         await until(lambda: meter.synced)  # listed and watching
@@ -407,6 +415,41 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
     for user in ("ada", "bob", "cy"):
         assert store.account(user, now).balance_micro == 10_000_000 - costs.get(user, 0)
     assert store.check_ledger() == []
+
+
+async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_does(
+    cluster, store, meters
+):
+    meter = await meters.start(start_grace_seconds=2)
+    # the spawner's admission holds credit, and its start hands the hold to the session
+    admission = store.admit("ada", "A100-80GB", 1, datetime.now(UTC), idempotency_key="s-hub")
+    assert [h.id for h in store.holds("ada", datetime.now(UTC))] == [admission.hold.id]
+    cluster.api.create(POD, NS, gputap_pod("by-hub", "ada", session_id="s-hub"))
+    cluster.api.create(POD, NS, gputap_pod("hub-down", "bob", "T4", session_id="s-meter"))
+    pods = await until(lambda: (p := cluster.truth.snapshot()) and all(
+        t.started for t in p.values()) and {t.session_id: t for t in p.values()})  # fmt: skip
+    await asyncio.sleep(0.5)
+    assert session(store, "s-meter") is None and session(store, "s-hub") is None  # waiting
+    started = pods["s-hub"].started
+    store.start_session("s-hub", "ada", "", "A100-80GB", 1, started, datetime.now(UTC),
+                        hold_id=admission.hold.id)  # fmt: skip
+    # the hub never opens the other one: billing does once the grace is over, from the start
+    opened = await until(lambda: session(store, "s-meter"), within=10)
+    assert opened.started_at == pods["s-meter"].started
+    assert datetime.now(UTC) - pods["s-meter"].started >= timedelta(seconds=2)
+    assert store.holds("ada", datetime.now(UTC)) == []  # the session took the hold over
+    assert session(store, "s-hub").started_at == started
+    # both pods were bound at first sight, so after a restart billing closes the hub's
+    # session too when its pod vanished meanwhile
+    await meters.stop(meter)
+    for name in ("by-hub", "hub-down"):
+        cluster.api.delete(POD, NS, name)
+    await until(lambda: not cluster.pods(NS))
+    killed = killing_times(cluster.events(NS))
+    await meters.start(start_grace_seconds=2)
+    for session_id in ("s-hub", "s-meter"):
+        closed = session(store, session_id)
+        assert closed.ended_at == killed[pods[session_id].uid]
 
 
 async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(

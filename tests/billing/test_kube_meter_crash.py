@@ -74,6 +74,8 @@ class Billing:
                 "database_url": database_url,
                 "kubeconfig": kubeconfig,
                 "meter_seen_interval_seconds": 1,
+                # no spawner here: billing opens every session itself, at once
+                "meter_start_grace_seconds": 0,
                 "charge_interval_seconds": 3,  # interval charges while they run, then final
                 "enforce_interval_seconds": 20,
                 "reconcile_interval_seconds": 3600,
