@@ -187,6 +187,9 @@ def _authentication(c: Any, hub: dict[str, Any]) -> None:
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
     hub = settings.hub
     passthrough = {k: v for k, v in os.environ.items() if k.startswith("GPUTAP_")}
+    if settings.spawner.get("backend") == "kubernetes" and os.environ.get("KUBECONFIG"):
+        # billing meters the pods with the hub's cluster credentials (docs/billing.md)
+        passthrough["KUBECONFIG"] = os.environ["KUBECONFIG"]
     if settings.source:
         passthrough["GPUTAP_SETTINGS"] = str(settings.source)
     services: list[dict[str, Any]] = [
