@@ -8,6 +8,7 @@ import sys
 
 from .app import main
 from .config import load_billing_config
+from .kube_meter import KubeConfigMissing
 from .migrate import SchemaMismatch, upgrade_database
 from .orm import make_engine
 
@@ -45,7 +46,7 @@ try:
     # the hub stops its managed services with a signal; that is a normal end, not a crash
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-except SchemaMismatch as e:
+except (SchemaMismatch, KubeConfigMissing) as e:
     # a refusal, not a crash: one line the operator can act on instead of a traceback
     logging.getLogger("billing").critical("%s", e)
     sys.exit(1)

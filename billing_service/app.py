@@ -1,4 +1,5 @@
-"""The billing web application: wiring of settings, store, handlers and enforcement."""
+"""The billing web application: wiring of settings, store, handlers, enforcement, reconciliation
+and (on Kubernetes) the pod meter."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .charge import Charger
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
 from .handlers import make_handlers
+from .kube_meter import KubeMeter, kube_configuration
 from .migrate import open_database
 from .reconcile import Reconciler
 from .store import Store
@@ -105,7 +107,10 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     book = await loop.run_in_executor(executor, store.sync_price_book, clock.utcnow())
     log.info("Price book version %s (%s) is in force", book.version, book.source)
-    secret = cookie_secret(load_settings().data_dir / "billing_cookie_secret")
+    settings = load_settings()
+    # on Kubernetes, refuse to start (KubeConfigMissing) before serving if the API is unusable
+    meter = await make_meter(config, settings.spawner, store, executor)
+    secret = cookie_secret(settings.data_dir / "billing_cookie_secret")
     app = make_app(config, store, executor, prefix, secret)
     app.listen(url.port or 80, url.hostname or "127.0.0.1", xheaders=True)
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
@@ -149,4 +154,34 @@ async def main() -> None:
         mark_seen=mark_seen,
         **hub,
     )
-    await asyncio.gather(enforcer.run(), reconciler.run(), charger.run())
+    loops = [enforcer.run(), reconciler.run(), charger.run()]
+    if meter is not None:
+        loops.append(meter.run())
+    await asyncio.gather(*loops)
+
+
+async def make_meter(
+    config: BillingConfig,
+    spawner: dict,
+    store: Store,
+    executor: ThreadPoolExecutor,
+) -> KubeMeter | None:
+    """The pod meter when servers run on Kubernetes (``spawner.backend: kubernetes``), where
+    every session is a pod; None on the local backend, whose sessions only the spawner reports.
+
+    ``KubeConfigMissing`` when the Kubernetes API cannot be configured.
+    """
+    if spawner.get("backend") != "kubernetes":
+        return None
+    kube = spawner.get("kubernetes") or {}
+    configuration = await kube_configuration(config.kubeconfig, kube.get("api_host") or "")
+    namespace = kube.get("namespace") or "gputap"
+    log.info("Billing meters the gputap pods in namespace %s at %s", namespace, configuration.host)
+    return KubeMeter.from_config(
+        store,
+        executor,
+        configuration,
+        namespace,
+        seen_interval_seconds=config.meter_seen_interval_seconds,
+        start_grace_seconds=config.meter_start_grace_seconds,
+    )

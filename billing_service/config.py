@@ -26,6 +26,9 @@ class BillingConfig:
     #: thresholds of the "credit runs out soon" warnings, in seconds, largest first
     warning_seconds: tuple[int, ...] = (900, 300)
     max_overrun_seconds: int = 30
+    kubeconfig: str = ""
+    meter_seen_interval_seconds: float = 10.0
+    meter_start_grace_seconds: float = 30.0
 
 
 def _positive_int(
@@ -35,6 +38,13 @@ def _positive_int(
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"billing.{key} must be an integer >= {minimum}, not {value!r}")
     return value
+
+
+def _seconds(section: Mapping[str, object], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"billing.{key} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
 
 
 def _positive_number(section: Mapping[str, object], key: str, default: float) -> float:
@@ -73,6 +83,9 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
             f"billing.enforce_interval_seconds ({interval}) must be shorter than "
             f"billing.max_overrun_seconds ({overrun}): a stop is decided once per interval"
         )
+    kubeconfig = section.get("kubeconfig") or ""
+    if not isinstance(kubeconfig, str):
+        raise ValueError(f"billing.kubeconfig must be a file path, not {kubeconfig!r}")
     url = section.get("database_url")
     if not isinstance(url, str) or not url:
         raise ValueError("billing.database_url must be an SQLAlchemy URL")
@@ -83,6 +96,9 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
         min_billable_seconds=_positive_int(section, "min_billable_seconds", 1),
         enforce_interval_seconds=float(interval),
         reconcile_interval_seconds=_positive_number(section, "reconcile_interval_seconds", 30),
+        kubeconfig=kubeconfig,
+        meter_seen_interval_seconds=_positive_number(section, "meter_seen_interval_seconds", 10),
+        meter_start_grace_seconds=_seconds(section, "meter_start_grace_seconds", 30),
         price_book=make_price_book(
             section.get("prices") or {},
             section.get("spot_discount_percent", 60),

@@ -253,10 +253,16 @@ class AccountHandler(APIHandler):
     async def put(self, username: str) -> None:
         self.require_hub()
         check_text(username, "username", MAX_LENGTH["username"])
+        groups = self.body().get("groups", []) if self.request.body else []
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise web.HTTPError(400, "groups must be a list of the user's group names")
         now = self.now()
         state, created = await self.blocking(self.store.open_account, username, now)
         if created:
             log.info("Opened billing account %s with trial credit", username)
+        joined = await self.blocking(self.store.enroll_by_groups, username, groups, now)
+        if joined:
+            log.info("%s joined %s through their GitHub teams", username, ", ".join(joined))
         self.write_json(self.account_json(state, now), 201 if created else 200)
 
 
@@ -656,6 +662,9 @@ def make_handlers(prefix: str, kwargs: dict[str, Any]) -> list[tuple]:
         (prefix + "health", HealthHandler),
         (prefix + "oauth_callback", HubOAuthCallbackHandler),
     ]
+    from .course_handlers import COURSE_ROUTES  # they build on APIHandler, defined here
+
+    api[-3:-3] = COURSE_ROUTES
     for path, handler, *extra in api:
         routes.append((prefix + path, handler, {**kwargs, **(extra[0] if extra else {})}))
     if prefix != "/":

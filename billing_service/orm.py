@@ -251,6 +251,25 @@ class JoinAttempt(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
+class SessionPod(Base):
+    """The Kubernetes pod a metered session runs in, recorded by the pod meter (kube_meter).
+
+    Written when the meter first sees the pod's container started, before it starts the
+    session, so a session the meter started always names its pod. No foreign key on
+    ``session_id``: the row may be written an instant before its session (a crash in between
+    leaves a row without a session, which nothing reads). The pod's uid tells, after a
+    restart, whether the pod still exists, and finds its ``Killing`` event when it does not.
+    """
+
+    __tablename__ = "session_pods"
+
+    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    namespace: Mapped[str] = mapped_column(String(253))
+    pod_name: Mapped[str] = mapped_column(String(253))
+    pod_uid: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 def make_engine(url: str) -> Engine:
     """Engine for ``url``; a SQLite file's folder is created too.
 

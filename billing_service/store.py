@@ -910,6 +910,8 @@ class Store(CourseOps):
         def work(db: Session) -> tuple[SessionRecord, bool]:
             existing = db.get(BillingSession, session_id)
             if existing is not None:
+                # another source (the pod meter) opened it first: the spawner's hold is done
+                self._hold_started(db, hold_id, existing.account_id, session_id, now)
                 return _session_record(existing), False
             version, book = self.price_book_at(started_at)
             price = book.price(sku, price_class)
@@ -943,16 +945,23 @@ class Store(CourseOps):
             )
             db.add(row)
             db.flush()
-            if hold_id:
-                held = db.get(Hold, hold_id, with_for_update=True)
-                if held is not None and held.account_id == account.id:
-                    if held.released_at is None:
-                        held.released_at = now
-                        held.release_reason = "started"
-                    held.session_id = session_id
+            self._hold_started(db, hold_id, account.id, session_id, now)
             return _session_record(row), True
 
         return self._write(work)
+
+    def _hold_started(
+        self, db: Session, hold_id: str | None, account_id: int, session_id: str, now: datetime
+    ) -> None:
+        """The admission's hold became the session: release it as started."""
+        if not hold_id:
+            return
+        held = db.get(Hold, hold_id, with_for_update=True)
+        if held is not None and held.account_id == account_id:
+            if held.released_at is None:
+                held.released_at = now
+                held.release_reason = "started"
+            held.session_id = session_id
 
     def _charge_to(
         self, db: Session, row: BillingSession, target: int, key: str, now: datetime

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from .money import format_credits
@@ -69,13 +70,20 @@ def daily_gpu_hours(
     return days
 
 
-def usage_csv(sessions: list[SessionRecord], now: datetime) -> str:
-    """Sessions as CSV with exact amounts; running sessions show their seconds and cost so far."""
+def csv_text(columns: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
+    """A header line and the rows, as CSV."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for s in sessions:
-        writer.writerow(
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def usage_csv(sessions: list[SessionRecord], now: datetime) -> str:
+    """Sessions as CSV with exact amounts; running sessions show their seconds and cost so far."""
+    return csv_text(
+        CSV_COLUMNS,
+        (
             (
                 s.id,
                 s.username,
@@ -91,5 +99,6 @@ def usage_csv(sessions: list[SessionRecord], now: datetime) -> str:
                 format_credits(s.cost_at(now)),
                 "ended" if s.ended_at else "running",
             )
-        )
-    return out.getvalue()
+            for s in sessions
+        ),
+    )

@@ -21,6 +21,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
 BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
 BILLING_METRICS_SCOPE = "custom:gputap-billing:metrics"
+BILLING_INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -53,7 +54,8 @@ async def open_billing_account(authenticator, handler, authentication):
     client = BillingClient(spawner_config.billing_url, spawner_config.billing_token)
     username = authenticator.normalize_username(authentication["name"])
     try:
-        await client.open_account(username)
+        # the user's GitHub teams (org:team): billing enrols them in courses bound to those
+        await client.open_account(username, list(authentication.get("groups") or []))
     except (BillingUnavailable, BillingRefused) as e:
         # login still works; the account is opened at the first spawn instead
         authenticator.log.warning("billing account for %s not opened at login: %s", username, e)
@@ -202,7 +204,7 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
         "name": "billing",
         "url": f"http://127.0.0.1:{billing['port']}",
         "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE],
+        "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE, BILLING_INSTRUCTOR_SCOPE],
     }
     managed = billing.get("managed", True)
     if not isinstance(managed, bool):
@@ -223,6 +225,9 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
     hub = settings.hub
     passthrough = {k: v for k, v in os.environ.items() if k.startswith("GPUTAP_")}
+    if settings.spawner.get("backend") == "kubernetes" and os.environ.get("KUBECONFIG"):
+        # billing meters the pods with the hub's cluster credentials (docs/billing.md)
+        passthrough["KUBECONFIG"] = os.environ["KUBECONFIG"]
     if settings.source:
         passthrough["GPUTAP_SETTINGS"] = str(settings.source)
     services: list[dict[str, Any]] = [
@@ -254,6 +259,13 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
             "users": sorted(hub.get("admin_users") or []),
             "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
         },
+        {
+            "name": "gputap-instructor",
+            "description": "Instructors create and run their courses",
+            "scopes": [BILLING_INSTRUCTOR_SCOPE, "access:services!service=billing"],
+            "users": sorted(settings.courses.get("instructors") or []),
+            "groups": sorted(settings.courses.get("instructor_teams") or []),
+        },
     ]
     for extra in hub.get("services") or []:
         name = extra["name"]
@@ -273,4 +285,5 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
             "description": "Read every billing account, fund accounts, publish prices"
         },
         BILLING_METRICS_SCOPE: {"description": "Read billing's Prometheus metrics"},
+        BILLING_INSTRUCTOR_SCOPE: {"description": "Create courses and run the ones you teach"},
     }

@@ -134,6 +134,10 @@ class Settings:
         return self.section("spawner")
 
     @property
+    def courses(self) -> dict[str, Any]:
+        return self.section("courses")
+
+    @property
     def catalog(self) -> dict[str, Any]:
         return self.section("catalog")
 

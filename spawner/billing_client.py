@@ -88,8 +88,10 @@ class BillingClient:
         _price_cache[key] = (time.monotonic(), result)
         return result
 
-    async def open_account(self, username: str) -> dict[str, Any]:
-        return await self._call("PUT", f"api/accounts/{quote(username, safe='')}", {})
+    async def open_account(self, username: str, groups: list[str] | None = None) -> dict[str, Any]:
+        """Open the account (trial credit once); ``groups`` enrol the user in bound courses."""
+        body = {"groups": groups} if groups else {}
+        return await self._call("PUT", f"api/accounts/{quote(username, safe='')}", body)
 
     async def account(self, username: str) -> dict[str, Any]:
         return await self._call("GET", f"api/accounts/{quote(username, safe='')}")

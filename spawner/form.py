@@ -115,6 +115,67 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
     )
 
 
+@dataclass(frozen=True)
+class CourseOffer:
+    """A course of the user's, from billing: what it pays for and what is left this week."""
+
+    slug: str
+    name: str
+    hours_left: Mapping[str, float]  # per allowed option, one GPU
+    resets: str
+
+
+def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
+    """Billing's ``GET api/accounts/{user}/courses`` as offers."""
+    return [
+        CourseOffer(
+            slug=c["slug"],
+            name=c["name"],
+            hours_left=dict(c["hours_left"]),
+            resets=f"{c['reset_weekday'].capitalize()} {c['reset_time']} {c['timezone']}",
+        )
+        for c in answer.get("courses") or []
+    ]
+
+
+def format_hours(hours: float) -> str:
+    """4.5 h, 12 h, 0.3 h: one decimal below ten hours, floored so it never promises more."""
+    if hours >= 10:
+        return f"{int(hours)} h"
+    return f"{int(hours * 10) / 10:g} h"
+
+
+def _course_rows(course: CourseOffer, choices: Sequence[Choice], first: bool) -> list[str]:
+    """Radios for the options ``course`` pays for that this hub offers (free or not)."""
+    rows = []
+    for choice in choices:
+        o = choice.offering
+        if o.key not in course.hours_left or o.kind == "cpu":
+            continue
+        left = course.hours_left[o.key]
+        usable = left > 0
+        sold_out = choice.free == 0
+        availability = (
+            '<span class="gputap-soldout">sold out</span>'
+            if sold_out
+            else f"{choice.free} of {choice.total} free"
+        )
+        checked = " checked" if first and usable and not sold_out else ""
+        first = first and not checked
+        value = f"course:{course.slug}:{_value(choice)}"
+        rows.append(
+            f'<label class="gputap-choice gputap-course{"" if usable else " gputap-out"}" '
+            f'data-key="{escape(o.key)}" data-course="{escape(course.slug)}">'
+            f'<input type="radio" name="choice" value="{escape(value)}"'
+            f"{'' if usable else ' disabled'}{checked}>"
+            f' <b>{escape(o.label)}</b> <span class="gputap-what">{_what(o)}</span>'
+            f' <span class="gputap-free">{availability}</span>'
+            f' <span class="gputap-left">{format_hours(left)} left this week '
+            f"({escape(course.name)})</span></label>"
+        )
+    return rows
+
+
 _GROUPS = (
     ("shared", "Shared GPUs (time-sliced: cheapest, no guaranteed speed)"),
     ("slice", "MIG slices"),
@@ -128,6 +189,7 @@ _STYLE = """
 .gputap-choice{display:block;padding:4px 0;font-weight:normal}
 .gputap-out{color:#888}
 .gputap-what,.gputap-free,.gputap-lasts{margin-left:10px;color:#555}
+.gputap-left{margin-left:10px;font-weight:bold;color:#1a5d1a}
 .gputap-price{margin-left:10px;font-weight:bold}
 .gputap-soldout{color:#b00;font-weight:bold}
 .gputap-sim{background:#fde68a;border-radius:3px;padding:0 4px;font-size:85%}
@@ -185,11 +247,13 @@ def render_form(
     preview_url: str,
     spot_discount_percent: int | None = None,
     notice: str = "",
+    courses: Sequence[CourseOffer] = (),
 ) -> str:
     """HTML for JupyterHub's spawn page (inside its <form>).
 
     ``spot_discount_percent`` offers the interruptible choice (backends that can preempt);
-    ``notice`` is shown first (e.g. why the user's last server was stopped).
+    ``notice`` is shown first (e.g. why the user's last server was stopped); ``courses``
+    come first, each with the options it pays for and the hours left this week.
     """
     parts = [_STYLE, '<div class="gputap-form">']
     if notice:
@@ -205,6 +269,16 @@ def render_form(
         "server runs.</p>"
     )
     first_free = True
+    for course in courses:
+        rows = _course_rows(course, choices, first_free)
+        if not rows:
+            continue
+        first_free = first_free and not any(" checked" in row for row in rows)
+        parts.append(
+            f'<fieldset class="gputap-course-group" data-course="{escape(course.slug)}">'
+            f"<legend>Paid by {escape(course.name)} (hours reset {escape(course.resets)})"
+            f"</legend>{''.join(rows)}</fieldset>"
+        )
     for kind, title in _GROUPS:
         rows = [c for c in choices if c.offering.kind == kind]
         if not rows:
@@ -259,6 +333,9 @@ def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, objec
 
 def _choice_options(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
     choice = _first(form_data, "choice")
+    if choice.startswith("course:"):  # course:SLUG:KIND:KEY, one of the course's options
+        _, slug, rest = choice.split(":", 2)
+        return {**_choice_options({**form_data, "choice": [rest]}), "course": slug}
     kind, _, key = choice.partition(":")
     if kind == "card":
         return {"kind": "card", "card": key, "count": _first(form_data, f"count:{key}", "1")}

@@ -220,6 +220,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             answer,
             self.catalog,
             username=self.user.name,
+            session_id=self.gpu["session_id"],
             server_name=self.name,
             product=node.product if node else None,
             hostname=node.hostname if node else None,

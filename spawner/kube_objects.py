@@ -13,8 +13,14 @@ and operators can attribute it:
 | ``gputap.io/slice`` | ``1g.10gb`` (slices), ``shared`` (time-sliced GPUs) | |
 | ``gputap.io/count`` | ``2`` | |
 | ``gputap.io/price-class`` | ``on-demand`` or ``spot`` | |
-| ``gputap.io/course`` | course slug (when course-funded) | course name |
+| ``gputap.io/course`` | course slug (when course-funded) | the course's key in billing |
 | ``gputap.io/price-per-hour-micro`` | — | the price per unit at placement |
+| ``gputap.io/session`` | — | the billing session id (the spawner's, one per start) |
+
+Billing meters pods by these (billing_service/kube_meter.py): the session annotation is the id
+under which the spawner posts the server's start and stop, so billing's pod meter, a second
+source, records the same session and never a second one; the course annotation is the course
+billing charges, as the spawner names it when it opens the session.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def gpu_pod_settings(
     catalog: Catalog,
     *,
     username: str,
+    session_id: str,
     server_name: str = "",
     product: str | None = None,
     hostname: str | None = None,
@@ -68,8 +75,10 @@ def gpu_pod_settings(
     ``kubernetes.io/hostname``: the pod is pinned to that node (node selectors on both, so the
     scheduler binds it where its GPUs were reserved), and tolerates the GPU taint. CPU and
     memory guarantees come from the card's catalog entry, per GPU (a slice counts as its share
-    of a card).
+    of a card). ``session_id`` is the billing session the pod is metered under.
     """
+    if not session_id:
+        raise ValueError("session_id: every gputap pod names its billing session")
     if price_class not in ("on-demand", "spot"):
         raise ValueError(f"price_class must be on-demand or spot, not {price_class!r}")
     offering = placement.offering
@@ -84,6 +93,7 @@ def gpu_pod_settings(
         f"{PREFIX}server": server_name,
         f"{PREFIX}offering": offering.key,
         f"{PREFIX}price-per-hour-micro": str(placement.price_per_hour_micro),
+        f"{PREFIX}session": session_id,
     }
     if course:
         labels[f"{PREFIX}course"] = label(course)

@@ -16,6 +16,7 @@ Requests (the ``user_options`` a user sends, validated by :func:`parse_request`)
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -229,11 +230,16 @@ RUN_OPTIONS = ("queue", "spot")
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """A validated request plus how to run it: wait when sold out, interruptible (spot)."""
+    """A validated request plus how to run it: wait when sold out, interruptible (spot), paid
+    by a course (its slug; billing checks the course's rules at admission)."""
 
     request: Request
     queue: bool = False
     spot: bool = False
+    course: str = ""
+
+
+COURSE_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
 
 
 def _flag(options: Mapping[str, Any], key: str) -> bool:
@@ -253,7 +259,12 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
     flags = {key: _flag(options, key) for key in RUN_OPTIONS}
     for key in RUN_OPTIONS:
         options.pop(key, None)
-    return ServerOptions(parse_request(options, catalog), **flags)
+    course = options.pop("course", "") or ""
+    if not isinstance(course, str) or (course and not COURSE_SLUG.match(course)):
+        raise RequestError(f"course must be the slug of one of your courses, not {course!r}")
+    if course and flags["spot"]:
+        raise RequestError("a course pays for on-demand servers only; leave spot off")
+    return ServerOptions(parse_request(options, catalog), **flags, course=course)
 
 
 def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Request:

@@ -9,6 +9,9 @@ def test_defaults_are_valid():
     assert config.trial_credit_micro == 10_000_000
     assert config.min_billable_seconds == 300
     assert config.price_book.price("RTX-4090") == 5_000_000
+    # the pod meter: $KUBECONFIG or in-cluster, running pods recorded every 10 s
+    assert (config.kubeconfig, config.meter_seen_interval_seconds) == ("", 10.0)
+    assert config.meter_start_grace_seconds == 30.0
 
 
 def test_env_override_reaches_billing():
@@ -29,6 +32,9 @@ def test_env_override_reaches_billing():
         ("min_billable_seconds", 0),
         ("enforce_interval_seconds", "soon"),
         ("database_url", ""),
+        ("kubeconfig", 5),
+        ("meter_seen_interval_seconds", 0),
+        ("meter_start_grace_seconds", -1),
     ],
 )
 def test_bad_settings_name_the_key(key, value):

@@ -29,7 +29,7 @@ from .hub import start_hub, stop_hub
 
 PREFIX = "/services/billing/"
 #: routes that answer no JSON, left out of the description on purpose (docs/billing.md)
-NOT_JSON = {"", "admin", "metrics", "oauth_callback"}
+NOT_JSON = {"", "admin", "courses", "metrics", "oauth_callback"}
 VERBS = {"get", "put", "post", "delete", "patch"}
 #: generated requests per operation and caller: enough to reach every field's edges while
 #: the file runs in about a minute
@@ -42,9 +42,25 @@ CHECKS = [
 ]
 #: operations only the hub may call, and those only billing admins may call (operationId)
 HUB_ONLY = {"openAccount", "admit", "releaseHold", "startSession", "stopSession"}
-ADMIN_ONLY = {"publishPriceBook", "grant", "adjust", "checkLedger"}
+ADMIN_ONLY = {
+    "publishPriceBook",
+    "grant",
+    "adjust",
+    "checkLedger",
+    # running courses: instructors and admins; the hub only reads them
+    "createCourse",
+    "makeInstructor",
+    "archiveCourse",
+    "listStudents",
+    "addStudent",
+    "grantExtraHours",
+    "rosterUsage",
+    "rosterUsageCsv",
+}
 #: for users only: services are refused
-USERS_ONLY = {"getMe"}
+USERS_ONLY = {"getMe", "joinCourse", "setFallback"}
+#: the course the fixture makes (its students are USERS), and one generated archives may end
+COURSE, ARCHIVED = "oa-course", "oa-old"
 
 #: accounts the fixture opens and funds, so generated requests also reach existing ones
 USERS = ["oa-ada", "oa-bo"]
@@ -110,6 +126,11 @@ def known(hub):
         call(hub.hub_token, "POST", "api/sessions", {**start, "started_at": STARTED})
     admission = {"username": ADMITTED, "sku": "A100-80GB", "count": 1}
     hold = call(hub.hub_token, "POST", "api/admission", admission)["hold_id"]
+    for slug in (COURSE, ARCHIVED):
+        course = {"name": slug, "slug": slug, "allowed": ["T4"]}
+        call(hub.ops_token, "POST", "api/courses", course)
+        for name in USERS:
+            call(hub.ops_token, "POST", f"api/courses/{slug}/students", {"username": name})
     [book, *_] = call(hub.hub_token, "GET", "api/price-books")["price_books"]
     return {
         "skus": [*book["prices"], "A100-80GB/1g.10gb", "T4/shared"],
@@ -181,7 +202,14 @@ def steer(case, draw, known) -> None:
         "started_at": TIMES,
         "ended_at": TIMES,
         "amount": AMOUNTS,
+        "allowed": st.just(["T4"]),
+        "timezone": st.sampled_from(["UTC", "Europe/Berlin"]),
+        "github_team": st.just("acme:dl"),
+        "reset_time": st.just("08:00"),
     }
+    if isinstance(case.path_parameters, dict) and "slug" in case.path_parameters:
+        archive = case.path.endswith("/archive")
+        case.path_parameters["slug"] = ARCHIVED if archive else COURSE
     for container in (case.path_parameters, case.body):
         if isinstance(container, dict):
             for key, strategy in values.items():

@@ -282,3 +282,11 @@ def test_a_username_with_a_colon_cannot_reach_another_users_pools(store):
     store.open_account("a:allowance", T0)
     assert store.account("a", T0).pools == {"user:a:trial": 10_000_000}
     assert store.account("a:allowance", T0).pools == {"user:a%3Aallowance:trial": 10_000_000}
+
+
+def test_a_start_after_the_meter_opened_the_session_still_releases_its_hold(store):
+    store.open_account("ada", T0)
+    admission = store.admit("ada", "T4", 1, T0)
+    store.start_session("s1", "ada", "", "T4", 1, T0, T0)  # the pod meter, first
+    _, created = store.start_session("s1", "ada", "", "T4", 1, T0, T0, hold_id=admission.hold.id)
+    assert not created and store.holds("ada", T0) == []

@@ -61,6 +61,8 @@ def test_two_a100s_land_on_the_a100_node_with_the_right_pod(platform, cluster):
     assert claims == ["home-ada"]
     [session] = platform.account("ada")["running"]
     assert session["sku"] == "A100-80GB" and session["count"] == 2
+    # billing's pod meter records the spawner's session, not a second one (one running, above)
+    assert pod["metadata"]["annotations"]["gputap.io/session"] == session["id"]
     platform.stop_server("ada")
     [ended] = platform.sessions("ada")
     assert ended["state"] == "ended"

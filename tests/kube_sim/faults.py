@@ -1,4 +1,5 @@
-"""Faults a test can inject into the simulated cluster: 5xx answers, dropped watches, slow binds.
+"""Faults a test can inject into the simulated cluster: 5xx answers, dropped watches, watch
+events delivered twice, slow binds.
 
 All randomness comes from one seeded RNG, so a run with the same seed and the same sequence of
 requests fails the same requests. Thread-safe: the thread form of the cluster lets a test change
@@ -44,6 +45,7 @@ class Faults:
 
     >>> cluster.faults.fail_requests(0.3, code=500, verbs=["GET"], path=r"/pods")
     >>> cluster.faults.drop_watches(after_events=3)
+    >>> cluster.faults.duplicate_watch_events()
     >>> cluster.faults.bind_delay = 2.0
     """
 
@@ -51,8 +53,10 @@ class Faults:
     bind_delay: float = 0.0  # seconds the scheduler waits before each bind
     watch_max_events: int | None = None  # close each watch stream after this many events
     watch_max_seconds: float | None = None  # ... or after this many seconds
+    watch_duplicates: bool = False  # send every watch event twice in a row
     rules: list[ErrorRule] = field(default_factory=list)
     injected: int = 0  # how many requests were answered with an injected error
+    duplicated: int = 0  # how many watch events were sent a second time
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -87,6 +91,15 @@ class Faults:
         self.watch_max_events = after_events
         self.watch_max_seconds = after_seconds
 
+    def duplicate_watch_events(self, enabled: bool = True) -> None:
+        """Send every watch event twice in a row, as an at-least-once delivery would: a
+        watcher must apply each event idempotently."""
+        self.watch_duplicates = enabled
+
+    def count_duplicate(self) -> None:
+        with self._lock:
+            self.duplicated += 1
+
     def reseed(self, seed: int) -> None:
         with self._lock:
             self.seed = seed
@@ -99,6 +112,7 @@ class Faults:
         self.bind_delay = 0.0
         self.watch_max_events = None
         self.watch_max_seconds = None
+        self.watch_duplicates = False
 
     def decide(self, verb: str, path: str, is_watch: bool = False) -> int | None:
         """The status code to fail this request with, or None to serve it."""

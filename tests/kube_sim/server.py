@@ -452,7 +452,11 @@ class ResourceHandler(BaseHandler):
             watchers.discard(queue)
 
     async def _send_event(self, type_: str, obj: Obj) -> None:
-        self.write(json.dumps({"type": type_, "object": obj}) + "\n")
+        line = json.dumps({"type": type_, "object": obj}) + "\n"
+        self.write(line)
+        if self.faults.watch_duplicates:
+            self.write(line)
+            self.faults.count_duplicate()
         await self.flush()
 
 

@@ -15,7 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 Obj = dict[str, Any]
@@ -390,7 +390,12 @@ class Store:
         plural: str,
         grace_seconds: int,
     ) -> Obj:
-        """Set deletionTimestamp (graceful deletion); the object stays until remove()."""
+        """Graceful deletion: the object stays until remove().
+
+        As the real API server does, ``deletionTimestamp`` is the request time plus the grace
+        period (the latest the object should be gone), so the request time is
+        ``deletionTimestamp - deletionGracePeriodSeconds``.
+        """
         key = (api_version, kind, namespace or "", name)
         current = self._objects.get(key)
         if current is None:
@@ -398,7 +403,8 @@ class Store:
         if current["metadata"].get("deletionTimestamp"):
             return copy.deepcopy(current)
         obj = copy.deepcopy(current)
-        obj["metadata"]["deletionTimestamp"] = rfc3339(self.clock())
+        deadline = self.clock() + timedelta(seconds=grace_seconds)
+        obj["metadata"]["deletionTimestamp"] = rfc3339(deadline)
         obj["metadata"]["deletionGracePeriodSeconds"] = grace_seconds
         self._bump(obj)
         self._objects[key] = obj

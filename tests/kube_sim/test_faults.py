@@ -1,4 +1,4 @@
-"""Injected faults: 5xx answers with Status bodies, dropped watches, slow binds."""
+"""Injected faults: 5xx answers with Status bodies, dropped and duplicated watches, slow binds."""
 
 import json
 import time
@@ -66,6 +66,31 @@ def test_dropped_watch_resumes_from_last_resource_version_without_gaps(cluster, 
             rv = event["object"].metadata.resource_version
     assert seen == [f"cm-{i}" for i in range(5)]
     assert streams == 3  # 2 + 2 + 1 events: every stream was cut short
+
+
+def test_duplicated_watch_events_arrive_twice_in_order(cluster, v1):
+    cluster.faults.duplicate_watch_events()
+    start = v1.list_namespaced_config_map("default").metadata.resource_version
+    for i in range(3):
+        v1.create_namespaced_config_map("default", {"metadata": {"name": f"dup-{i}"}})
+    v1.delete_namespaced_config_map("dup-1", "default")
+    seen = [
+        (event["type"], event["object"].metadata.name, event["object"].metadata.resource_version)
+        for event in watch.Watch().stream(
+            v1.list_namespaced_config_map, "default", resource_version=start, timeout_seconds=1
+        )
+    ]
+    once = [("ADDED", "dup-0"), ("ADDED", "dup-1"), ("ADDED", "dup-2"), ("DELETED", "dup-1")]
+    assert [(t, n) for t, n, _ in seen] == [e for e in once for _ in range(2)]
+    assert all(seen[i] == seen[i + 1] for i in range(0, len(seen), 2))  # same rv twice
+    assert cluster.faults.duplicated == 4
+    cluster.faults.clear()
+    again = list(
+        watch.Watch().stream(
+            v1.list_namespaced_config_map, "default", resource_version=start, timeout_seconds=1
+        )
+    )
+    assert len(again) == 4
 
 
 def test_slow_binds_delay_scheduling(cluster, v1):

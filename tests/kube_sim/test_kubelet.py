@@ -1,6 +1,6 @@
 """The simulated kubelet: pods run as local processes and report their lifecycle."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes.client.rest import ApiException
@@ -51,8 +51,17 @@ def test_deletion_terminates_the_process_and_removes_the_pod(core, ns, tmp_path)
         lambda: phase(core, ns, "doomed") == "Running" and marker.exists() and marker.read_text()
     )
     pid = int(marker.read_text())
+    asked = datetime.now(UTC).replace(microsecond=0)
     deleted = core.delete_namespaced_pod("doomed", ns)
-    assert deleted.metadata.deletion_timestamp is not None  # Terminating first
+    # Terminating first; as on a real API server, deletionTimestamp = request + grace period
+    meta = deleted.metadata
+    assert meta.deletion_grace_period_seconds == 30
+    requested = meta.deletion_timestamp - timedelta(seconds=meta.deletion_grace_period_seconds)
+    assert 0 <= (requested - asked).total_seconds() <= 1
+    killing = wait_for(
+        lambda: [e for e in core.list_namespaced_event(ns).items if e.reason == "Killing"]
+    )
+    assert [e.involved_object.name for e in killing] == ["doomed"]
     wait_for(lambda: not core.list_namespaced_pod(ns).items)
     import os
 

@@ -59,3 +59,56 @@ def test_form_fields_become_the_same_user_options_as_the_api():
         "queue": True,
         "spot": True,
     }
+
+
+def test_course_funded_options_come_first_with_hours_left():
+    from spawner.form import CourseOffer, course_offers
+    from spawner.placement import RequestError, parse_options
+
+    slice_ = CATALOG.offering("A100-80GB/1g.10gb")
+    t4 = CATALOG.offering("T4")
+    choices = [Choice(slice_, 3, 3, 1, 1_142_857), Choice(t4, 1, 1, 1, 1_500_000)]
+    [course] = course_offers(
+        {
+            "courses": [
+                {
+                    "slug": "dl101",
+                    "name": "Intro to DL",
+                    "hours_left": {"A100-80GB/1g.10gb": 4.56, "T4": 0.0},
+                    "reset_weekday": "monday",
+                    "reset_time": "08:00",
+                    "timezone": "Europe/Berlin",
+                }
+            ]
+        }
+    )
+    assert course == CourseOffer(
+        "dl101", "Intro to DL", {"A100-80GB/1g.10gb": 4.56, "T4": 0.0}, "Monday 08:00 Europe/Berlin"
+    )
+    html = render_form(
+        choices,
+        available_micro=10_000_000,
+        currency="credits",
+        simulated=False,
+        preview_url="/p",
+        courses=[course],
+    )
+    assert html.index("Paid by Intro to DL") < html.index("MIG slices")
+    assert "4.5 h left this week (Intro to DL)" in html
+    assert 'value="course:dl101:slice:A100-80GB/1g.10gb" checked' in html
+    assert 'value="course:dl101:card:T4" disabled' in html  # no hours left on it
+    options = options_from_form({"choice": ["course:dl101:slice:A100-80GB/1g.10gb"]})
+    assert options == {
+        "kind": "slice",
+        "card": "A100-80GB",
+        "profile": "1g.10gb",
+        "course": "dl101",
+    }
+    assert parse_options(options, CATALOG).course == "dl101"
+    for bad in ({"course": 5}, {"course": "Not A Slug"}, {"course": "dl101", "spot": True}):
+        try:
+            parse_options({"kind": "card", "card": "T4", **bad}, CATALOG)
+        except RequestError as e:
+            assert "course" in str(e)
+        else:
+            raise AssertionError(f"{bad} was accepted")

@@ -14,6 +14,7 @@ def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
         placement,
         CATALOG,
         username="alice",
+        session_id="5f0c1e9a-session",
         product="NVIDIA-A100-SXM4-80GB",
         hostname="gpu-a100",
     ) == {
@@ -29,6 +30,7 @@ def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
             "gputap.io/server": "",
             "gputap.io/offering": "A100-80GB",
             "gputap.io/price-per-hour-micro": "8000000",
+            "gputap.io/session": "5f0c1e9a-session",
         },
         "extra_resource_limits": {"nvidia.com/gpu": "2"},
         "extra_resource_guarantees": {"nvidia.com/gpu": "2"},
@@ -48,6 +50,7 @@ def test_a_slice_asks_for_its_mig_resource_and_a_share_of_cpu():
         placement,
         CATALOG,
         username="bob@uni.edu",
+        session_id="s-2",
         server_name="exp 1",
         product="NVIDIA-H100-80GB-HBM3",
         price_class="spot",
@@ -63,9 +66,12 @@ def test_a_slice_asks_for_its_mig_resource_and_a_share_of_cpu():
 
 
 def test_cpu_only_has_labels_and_no_gpu():
-    s = gpu_pod_settings(Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol")
+    s = gpu_pod_settings(
+        Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol", session_id="s-3"
+    )
     assert set(s) == {"extra_labels", "extra_annotations"}
     assert s["extra_annotations"]["gputap.io/offering"] == "cpu"
+    assert s["extra_annotations"]["gputap.io/session"] == "s-3"
 
 
 def test_label_values_are_valid_and_distinct():
@@ -77,6 +83,10 @@ def test_label_values_are_valid_and_distinct():
 def test_bad_input_is_refused():
     placement = Placement(CATALOG.offering("A100-80GB"), 1, "n", 1)
     with pytest.raises(ValueError, match="product"):
-        gpu_pod_settings(placement, CATALOG, username="a")
+        gpu_pod_settings(placement, CATALOG, username="a", session_id="s")
     with pytest.raises(ValueError, match="price_class"):
-        gpu_pod_settings(placement, CATALOG, username="a", product="p", price_class="cheap")
+        gpu_pod_settings(
+            placement, CATALOG, username="a", session_id="s", product="p", price_class="cheap"
+        )
+    with pytest.raises(ValueError, match="session_id"):
+        gpu_pod_settings(placement, CATALOG, username="a", session_id="", product="p")

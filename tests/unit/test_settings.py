@@ -55,3 +55,19 @@ def test_github_login_on_one_machine_needs_separate_unix_users(tmp_path):
     apply(c, load_settings(f, environ={"GPUTAP__SPAWNER__RUN_AS_SYSTEM_USER": "true"}))
     assert c.JupyterHub.authenticator_class == "github"
     assert c.GPULocalSpawner.run_as_system_user is True
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "local"])
+def test_billing_gets_the_hubs_kubeconfig_to_meter_pods(tmp_path, monkeypatch, backend):
+    from traitlets.config import Config
+
+    from hub_config.hub import apply
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    c = Config()
+    apply(c, load_settings(environ={"GPUTAP__SPAWNER__BACKEND": backend}))
+    [billing] = [s for s in c.JupyterHub.services if s["name"] == "billing"]
+    if backend == "kubernetes":
+        assert billing["environment"]["KUBECONFIG"] == str(tmp_path / "kubeconfig")
+    else:
+        assert "KUBECONFIG" not in billing["environment"]

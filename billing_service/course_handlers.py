@@ -1,0 +1,352 @@
+"""REST API of courses: instructors run them, students join them, admins see everything.
+
+Who may do what:
+
+- an **instructor** has the hub scope ``custom:gputap-billing:instructor`` (given by the hub to
+  the settings' instructors and instructor teams) or was made one by a billing admin
+  (``PUT api/instructors/{username}``); they create courses and act on those they teach only;
+- a **student** sees the courses they take (no join code, no roster) and their own hours;
+- **admins** (and the hub, for reading) see and act on every course.
+
+A course that exists but is not the caller's answers 404, as an unknown one does: its name
+and rules are not disclosed to others.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime, time
+from typing import Any
+
+from tornado import web
+
+from .course_store import CourseRecord, JoinRateLimited, StudentCourse
+from .courses import WEEKDAYS, course_rules, slug_of
+from .fields import MAX_LENGTH, check_text, optional_text, text_field
+from .handlers import APIHandler, BaseHandler
+from .money import format_credits
+from .usage import csv_text
+
+INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
+
+
+def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
+    """A course; ``full`` (its instructors, admins) adds the join code and binding."""
+    view: dict[str, Any] = {
+        "slug": course.slug,
+        "name": course.name,
+        "weekly_hours": course.weekly_seconds / 3600,
+        "allowed": list(course.allowed),
+        "max_concurrent_gpus": course.max_concurrent_gpus,
+        "reset_weekday": WEEKDAYS[course.reset_weekday],
+        "reset_time": course.reset_time,
+        "timezone": course.timezone,
+        "instructors": list(course.instructors),
+        "archived": course.archived_at is not None,
+    }
+    if full:
+        view.update(
+            github_team=course.github_team,
+            join_code=course.join_code,
+            budget_cap=(
+                format_credits(course.budget_cap_micro) if course.budget_cap_micro else None
+            ),
+            created_by=course.created_by,
+            created_at=course.created_at.isoformat(),
+            archived_at=course.archived_at.isoformat() if course.archived_at else None,
+        )
+    return view
+
+
+def student_course_view(taken: StudentCourse) -> dict[str, Any]:
+    return {
+        **course_view(taken.course, full=False),
+        "fallback": taken.fallback,
+        "week_start": taken.week_start.isoformat(),
+        "week_end": taken.week_end.isoformat(),
+        "left_micro": taken.left_micro,
+        "left": format_credits(taken.left_micro),
+        "hours_left": {sku: round(taken.hours_left(sku), 4) for sku in taken.course.allowed},
+    }
+
+
+class CourseHandler(APIHandler):
+    """Shared checks of who may see and run a course."""
+
+    @property
+    def caller_is_user(self) -> bool:
+        return self.current_user.get("kind", "user") == "user"
+
+    async def may_teach(self) -> bool:
+        if self.is_admin or INSTRUCTOR_SCOPE in self.scopes:
+            return True
+        return self.caller_is_user and await self.blocking(self.store.is_instructor, self.caller)
+
+    async def course_for(self, slug: str, *, teach: bool) -> tuple[CourseRecord, bool]:
+        """The course if the caller may see it (``teach``: run it); (course, full view)."""
+        check_text(slug, "course", MAX_LENGTH["course"])
+        hidden = web.HTTPError(404, f"No course {slug!r} of yours")
+        try:
+            course = await self.blocking(self.store.course, slug)
+        except web.HTTPError:
+            raise hidden from None
+        if self.is_admin or (self.is_hub and not teach):
+            return course, True
+        if self.caller_is_user and self.caller in course.instructors:
+            return course, True
+        if not teach and self.caller_is_user:
+            taken = await self.blocking(functools.partial(self.store.courses, student=self.caller))
+            if any(c.slug == slug for c in taken):
+                return course, False
+        raise hidden
+
+
+class CoursesHandler(CourseHandler):
+    @web.authenticated
+    async def get(self) -> None:
+        if self.is_admin or self.is_hub:
+            courses = await self.blocking(self.store.courses)
+            self.write_json({"courses": [course_view(c, full=True) for c in courses]})
+            return
+        taught = await self.blocking(functools.partial(self.store.courses, instructor=self.caller))
+        taken = await self.blocking(functools.partial(self.store.courses, student=self.caller))
+        self.write_json(
+            {
+                "courses": [course_view(c, full=True) for c in taught]
+                + [course_view(c, full=False) for c in taken if c not in taught]
+            }
+        )
+
+    @web.authenticated
+    async def post(self) -> None:
+        if not await self.may_teach():
+            raise web.HTTPError(403, "Only instructors may create courses; ask an admin")
+        body = self.body()
+        skus = set((await self.blocking(self.store.price_book_at))[1].configured())
+        try:
+            rules = course_rules(body, skus | self._slice_skus(body, skus))
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        slug = optional_text(body, "slug") or slug_of(rules.name)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,62}", slug):
+            raise web.HTTPError(400, f"slug must be 2-63 of a-z, 0-9 and -, not {slug!r}")
+        join_code = body.get("join_code", True)
+        if not isinstance(join_code, bool):
+            raise web.HTTPError(400, "join_code must be true (make one) or false")
+        course = await self.blocking(
+            self.store.create_course, self.caller, rules, slug, self.now(), join_code
+        )
+        self.write_json(course_view(course, full=True), 201)
+
+    def _slice_skus(self, body: dict[str, Any], configured: set[str]) -> set[str]:
+        """Slices and shares priced by rule (CARD/<g>g.<m>gb, CARD/shared) of priced cards."""
+        allowed = body.get("allowed")
+        if not isinstance(allowed, list):
+            return set()
+        book = self.store.settings_price_book
+        return {
+            sku
+            for sku in allowed
+            if isinstance(sku, str) and "/" in sku and book.price(sku) is not None
+        }
+
+
+class CourseDetailHandler(CourseHandler):
+    @web.authenticated
+    async def get(self, slug: str) -> None:
+        course, full = await self.course_for(slug, teach=False)
+        self.write_json(course_view(course, full=full))
+
+
+class ArchiveHandler(CourseHandler):
+    @web.authenticated
+    async def post(self, slug: str) -> None:
+        await self.course_for(slug, teach=True)
+        course = await self.blocking(self.store.archive_course, slug, self.now())
+        self.write_json(course_view(course, full=True))
+
+
+class StudentsHandler(CourseHandler):
+    @web.authenticated
+    async def get(self, slug: str) -> None:
+        await self.course_for(slug, teach=True)
+        students = await self.blocking(self.store.students, slug)
+        self.write_json(
+            {
+                "students": [
+                    {"username": name, "joined_by": source, "fallback": fallback}
+                    for name, source, fallback in students
+                ]
+            }
+        )
+
+    @web.authenticated
+    async def post(self, slug: str) -> None:
+        await self.course_for(slug, teach=True)
+        username = text_field(self.body(), "username")
+        created = await self.blocking(self.store.enroll, slug, username, "instructor", self.now())
+        self.write_json({"username": username, "course": slug}, 201 if created else 200)
+
+
+class CourseGrantsHandler(CourseHandler):
+    @web.authenticated
+    async def post(self, slug: str) -> None:
+        await self.course_for(slug, teach=True)
+        body = self.body()
+        username = text_field(body, "username")
+        hours = body.get("hours")
+        if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 168:
+            raise web.HTTPError(
+                400, f"hours must be a number above 0 and at most 168, not {hours!r}"
+            )
+        tx, created = await self.blocking(
+            self.store.extra_hours,
+            slug,
+            username,
+            float(hours),
+            text_field(body, "reason"),
+            text_field(body, "idempotency_key"),
+            self.caller,
+            self.now(),
+        )
+        from .views import transaction_view
+
+        self.write_json(transaction_view(tx), 201 if created else 200)
+
+
+class RosterUsageHandler(CourseHandler):
+    def initialize(self, csv: bool = False, **kwargs: Any) -> None:
+        super().initialize(**kwargs)
+        self.csv = csv
+
+    @web.authenticated
+    async def get(self, slug: str) -> None:
+        await self.course_for(slug, teach=True)
+        week = self.get_argument("week", None)
+        at = self.now()
+        if week is not None:
+            try:
+                day = datetime.strptime(week, "%Y-%m-%d")
+            except ValueError:
+                raise web.HTTPError(
+                    400, f"week must be a date like 2025-03-03, not {week!r}"
+                ) from None
+            if not 2000 <= day.year <= 2099:
+                raise web.HTTPError(400, "week must be a date from 2000 to 2099")
+            course = await self.blocking(self.store.course, slug)
+            from zoneinfo import ZoneInfo
+
+            at = datetime.combine(day.date(), time(12), tzinfo=ZoneInfo(course.timezone))
+        _, start, end, rows = await self.blocking(self.store.roster_usage, slug, at)
+        if self.csv:
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header(
+                "Content-Disposition", f'attachment; filename="{slug}-{start:%Y-%m-%d}.csv"'
+            )
+            columns = ("username", "gpu_seconds", "gpu_hours", "sessions", "cost")
+            self.finish(csv_text(columns, ([row[c] for c in columns] for row in rows)))
+            return
+        self.write_json(
+            {
+                "course": slug,
+                "week_start": start.isoformat(),
+                "week_end": end.isoformat(),
+                "students": rows,
+            }
+        )
+
+
+class JoinHandler(CourseHandler):
+    @web.authenticated
+    async def post(self) -> None:
+        if not self.caller_is_user:
+            raise web.HTTPError(400, "Only users join courses")
+        code = text_field(self.body(), "code")
+        check_text(code, "code", 64)
+        try:
+            course = await self.blocking(self.store.join, self.caller, code.strip(), self.now())
+        except JoinRateLimited as e:
+            raise web.HTTPError(429, str(e)) from None
+        self.write_json(course_view(course, full=False))
+
+
+class EnrollmentHandler(CourseHandler):
+    @web.authenticated
+    async def put(self, slug: str) -> None:
+        check_text(slug, "course", MAX_LENGTH["course"])
+        fallback = self.body().get("fallback")
+        if not isinstance(fallback, bool):
+            raise web.HTTPError(400, "fallback must be true (pay on with my credit) or false")
+        await self.blocking(self.store.set_fallback, slug, self.caller, fallback)
+        self.write_json({"course": slug, "username": self.caller, "fallback": fallback})
+
+
+class StudentCoursesHandler(CourseHandler):
+    @web.authenticated
+    async def get(self, username: str) -> None:
+        self.require_reader_of(username)
+        taken = await self.blocking(self.store.student_courses, username, self.now())
+        self.write_json({"courses": [student_course_view(t) for t in taken]})
+
+
+class InstructorsHandler(CourseHandler):
+    @web.authenticated
+    async def put(self, username: str) -> None:
+        self.require_admin()
+        check_text(username, "username", MAX_LENGTH["username"])
+        created = await self.blocking(self.store.make_instructor, username, self.caller, self.now())
+        self.write_json({"username": username, "instructor": True}, 201 if created else 200)
+
+
+class CoursesPageHandler(CourseHandler):
+    """The courses page: a student's courses and hours, the join form; for instructors their
+    courses with this week's roster usage and the form to create one."""
+
+    def get_login_url(self) -> str:
+        return BaseHandler.get_login_url(self)
+
+    def set_default_headers(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+
+    @web.authenticated
+    async def get(self) -> None:
+        if not self.caller_is_user:
+            raise web.HTTPError(403, "The courses page is for users")
+        now = self.now()
+        taken = await self.blocking(self.store.student_courses, self.caller, now)
+        teaching = await self.may_teach()
+        taught = await self.blocking(functools.partial(self.store.courses, instructor=self.caller))
+        usage = {}
+        for course in taught:
+            usage[course.slug] = (await self.blocking(self.store.roster_usage, course.slug, now))[3]
+        book = (await self.blocking(self.store.price_book_at))[1]
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.render(
+            "courses.html",
+            username=self.caller,
+            taken=[student_course_view(t) for t in taken],
+            teaching=teaching,
+            taught=[course_view(c, full=True) for c in taught],
+            usage=usage,
+            options=sorted(s for s in book.configured() if s != "cpu"),
+            weekdays=WEEKDAYS,
+            api_base=self.request.path.rsplit("/courses", 1)[0] + "/api/",
+            xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
+        )
+
+
+COURSE_ROUTES = [
+    (r"api/courses", CoursesHandler),
+    (r"api/courses/join", JoinHandler),
+    (r"api/courses/([^/]+)", CourseDetailHandler),
+    (r"api/courses/([^/]+)/archive", ArchiveHandler),
+    (r"api/courses/([^/]+)/students", StudentsHandler),
+    (r"api/courses/([^/]+)/grants", CourseGrantsHandler),
+    (r"api/courses/([^/]+)/usage", RosterUsageHandler),
+    (r"api/courses/([^/]+)/usage\.csv", RosterUsageHandler, {"csv": True}),
+    (r"api/courses/([^/]+)/enrollment", EnrollmentHandler),
+    (r"api/accounts/([^/]+)/courses", StudentCoursesHandler),
+    (r"api/instructors/([^/]+)", InstructorsHandler),
+    (r"courses", CoursesPageHandler),
+]

@@ -1,0 +1,475 @@
+"""Metering on Kubernetes: billing sessions from the pods gputap labels.
+
+The spawner posts each server's start and stop to billing; this meter is the second, idempotent
+source, reading the truth from the cluster, so a start or stop the hub never sent (billing
+down, hub down) is not lost. Both use the session id the pod carries, and the first writer
+wins: a start or stop that was already recorded is a replay that changes nothing.
+
+The rules, also in docs/billing.md ("Metering on Kubernetes"):
+
+- A pod is a gputap server when it has the ``gputap.io/user`` label and the ``gputap.io/user``
+  and ``gputap.io/offering`` annotations. Its session id is the ``gputap.io/session``
+  annotation (the spawner's), else ``pod-<uid>``.
+- The session starts when the server container (``notebook``) started running. A pod that is
+  Pending, pulling its image or creating its container is not charged. The meter leaves the
+  spawner ``start_grace_seconds`` to open a running pod's session itself (with its admission's
+  hold), then opens it from the container's start.
+- It ends at the container's ``finishedAt`` once the pod has ended (Succeeded or Failed), or at
+  the deletion request (``deletionTimestamp - deletionGracePeriodSeconds``), whichever is first.
+  A pod that is gone (DELETED) or ended without either time ends when the meter saw that.
+- At start-up and at every relist, a session whose pod no longer exists is closed at the pod's
+  last known end: its last ``Killing`` event, else the last time billing saw it running
+  (``sessions.last_seen_at``), else its start. Billing never charges time it cannot vouch for.
+  The meter closes only sessions it has bound to a pod (table ``session_pods``), so a session
+  it never saw a pod for is left to the spawner and the hub reconciler.
+
+:mod:`.pod_facts` holds the pure decisions (:func:`~.pod_facts.pod_facts`,
+:func:`~.pod_facts.vanished_end`); :class:`KubeMeter` lists and watches pods with
+kubernetes_asyncio and applies them through the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio import watch
+from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from . import clock
+from .orm import BillingSession, SessionPod
+from .pod_facts import (
+    USER_KEY,
+    MeteredSession,
+    PodFacts,
+    killed_at,
+    pod_facts,
+    vanished_end,
+)
+from .store import Store
+
+log = logging.getLogger("billing.meter")
+
+T = TypeVar("T")
+
+#: the pods the meter lists and watches
+LABEL_SELECTOR = USER_KEY
+#: how long one watch request lasts before the meter relists and reconciles
+WATCH_SECONDS = 300
+#: the longest wait before relisting after a failure
+MAX_BACKOFF_SECONDS = 30.0
+#: how often sessions waiting out their start grace are looked at
+WAITING_CHECK_SECONDS = 1.0
+
+
+# -- the meter's own rows (run on the store's executor) ------------------------------------------
+
+
+def bind_pod(engine: Engine, facts: PodFacts, now: datetime) -> None:
+    """Record the pod of ``facts.session_id``; the first binding of a session stays."""
+    try:
+        with Session(engine) as db, db.begin():
+            if db.get(SessionPod, facts.session_id) is None:
+                db.add(
+                    SessionPod(
+                        session_id=facts.session_id,
+                        namespace=facts.namespace,
+                        pod_name=facts.pod_name,
+                        pod_uid=facts.pod_uid,
+                        created_at=now,
+                    )
+                )
+    except IntegrityError:
+        pass  # a concurrent writer bound it first
+
+
+def open_metered_sessions(engine: Engine, namespace: str) -> list[MeteredSession]:
+    """Open sessions bound to a pod in ``namespace``."""
+    query = (
+        select(SessionPod, BillingSession)
+        .join(BillingSession, BillingSession.id == SessionPod.session_id)
+        .where(BillingSession.ended_at.is_(None), SessionPod.namespace == namespace)
+        .order_by(BillingSession.started_at, BillingSession.id)
+    )
+    with Session(engine) as db:
+        return [
+            MeteredSession(
+                session_id=pod.session_id,
+                namespace=pod.namespace,
+                pod_name=pod.pod_name,
+                pod_uid=pod.pod_uid,
+                username=session.username,
+                server_name=session.server_name,
+                started_at=session.started_at,
+                last_seen_at=session.last_seen_at,
+            )
+            for pod, session in db.execute(query).all()
+        ]
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+
+class KubeConfigMissing(RuntimeError):
+    """No way to reach the Kubernetes API; the message says what to set."""
+
+
+async def kube_configuration(kubeconfig: str = "", api_host: str = "") -> Configuration:
+    """The API client configuration: the kubeconfig file ``kubeconfig``, else the one named
+    by ``$KUBECONFIG``, else the pod's service account (in-cluster); ``api_host`` overrides
+    the server, as ``spawner.kubernetes.api_host`` does for the spawner."""
+    configuration = Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG", "")
+    try:
+        if path:
+            await kube_config.load_kube_config(
+                config_file=path, client_configuration=configuration, persist_config=False
+            )
+        else:
+            kube_config.load_incluster_config(client_configuration=configuration)
+    except (kube_config.ConfigException, OSError) as e:
+        where = f"kubeconfig {path}" if path else "in-cluster service account"
+        why = str(e).rstrip(".")
+        raise KubeConfigMissing(
+            f"Billing meters pods (spawner.backend is kubernetes) but cannot use the {where}: "
+            f"{why}. Set billing.kubeconfig or KUBECONFIG to a kubeconfig file, or run billing "
+            "in the cluster with a service account that may list and watch pods and events."
+        ) from None
+    if api_host:
+        configuration.host = api_host
+    return configuration
+
+
+class KubeMeter:
+    """Lists and watches the gputap pods of one namespace and meters their sessions."""
+
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        api: CoreV1Api,
+        namespace: str,
+        *,
+        seen_interval_seconds: float = 10.0,
+        start_grace_seconds: float = 30.0,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.api = api
+        self.namespace = namespace
+        self.seen_interval_seconds = seen_interval_seconds
+        self.start_grace = timedelta(seconds=start_grace_seconds)
+        self.watch_seconds = watch_seconds
+        #: the gputap pods of the last list, kept current by the watch (by uid)
+        self.pods: dict[str, PodFacts] = {}
+        #: session id -> start, of sessions this meter started or found open
+        self._open: dict[str, datetime] = {}
+        #: running pods whose session the spawner has the start grace to open (by session id)
+        self._waiting: dict[str, PodFacts] = {}
+        #: session ids whose pod this process has recorded in session_pods
+        self._bound: set[str] = set()
+        #: session ids known to be settled (their events change nothing)
+        self._settled: set[str] = set()
+        #: pods and sessions reported as unbillable since the last list (logged once each)
+        self._refused: set[str] = set()
+        #: whether self.pods is current (listed, and the watch is live)
+        self.synced = False
+
+    @classmethod
+    def from_config(
+        cls,
+        store: Store,
+        executor: Executor,
+        configuration: Configuration,
+        namespace: str,
+        **kwargs: Any,
+    ) -> KubeMeter:
+        return cls(store, executor, CoreV1Api(ApiClient(configuration)), namespace, **kwargs)
+
+    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    # -- one pod ---------------------------------------------------------------------------
+
+    def _facts(self, pod: Mapping[str, Any]) -> PodFacts | None:
+        try:
+            return pod_facts(pod)
+        except ValueError as e:
+            uid = (pod.get("metadata") or {}).get("uid", "")
+            if uid not in self._refused:
+                self._refused.add(uid)
+                log.warning("Metering: not billing %s", e)
+            return None
+
+    async def apply(self, pod: Mapping[str, Any], deleted: bool, seen_at: datetime) -> None:
+        """Apply one pod state (from a list or a watch event); replays change nothing."""
+        facts = self._facts(pod)
+        if facts is None:
+            return
+        if deleted:
+            self.pods.pop(facts.pod_uid, None)
+        else:
+            self.pods[facts.pod_uid] = facts
+        if facts.started_at is None or facts.session_id in self._settled:
+            return
+        ending = deleted or facts.finished
+        if not ending and facts.session_id not in self._open:
+            await self._bind(facts)
+            if clock.utcnow() - facts.started_at < self.start_grace:
+                # the spawner opens it with what only it knows (its admission's hold)
+                self._waiting[facts.session_id] = facts
+                return
+        self._waiting.pop(facts.session_id, None)
+        started_at = await self._start(facts)
+        if started_at is not None and ending:
+            await self._stop(facts, started_at, facts.ended_at or seen_at)
+
+    async def _bind(self, facts: PodFacts) -> None:
+        if facts.session_id not in self._bound:
+            await self._db(bind_pod, self.store.engine, facts, clock.utcnow())
+            self._bound.add(facts.session_id)
+
+    async def _start(self, facts: PodFacts) -> datetime | None:
+        """Start (or find) the pod's session; its start, or None when it is settled or
+        cannot be billed."""
+        if facts.session_id in self._open:
+            return self._open[facts.session_id]
+        await self._bind(facts)
+        start = partial(self.store.start_session, course=facts.course)
+        try:
+            record, created = await self._db(
+                start,
+                facts.session_id,
+                facts.username,
+                facts.server_name,
+                facts.sku,
+                facts.count,
+                facts.started_at,
+                clock.utcnow(),
+                facts.price_class,
+            )
+        except ValueError as e:  # a SKU without a price, a course the user is not in
+            if facts.session_id not in self._refused:
+                self._refused.add(facts.session_id)
+                log.error(
+                    "Metering: cannot bill %s (session %s): %s", facts.target, facts.session_id, e
+                )
+            return None
+        if record.ended_at is not None:
+            self._settled.add(facts.session_id)
+            return None
+        self._open[facts.session_id] = record.started_at
+        if created:
+            log.info(
+                "Metering: %s/%s started at %s in pod %s (session %s, %d x %s, %s)",
+                facts.username,
+                facts.server_name,
+                record.started_at.isoformat(),
+                facts.target,
+                facts.session_id,
+                facts.count,
+                facts.sku,
+                facts.price_class,
+            )
+        return record.started_at
+
+    async def _stop(self, facts: PodFacts, started_at: datetime, ended_at: datetime) -> None:
+        ended_at = max(ended_at, started_at)
+        record = await self._db(self.store.stop_session, facts.session_id, ended_at, clock.utcnow())
+        self._open.pop(facts.session_id, None)
+        self._settled.add(facts.session_id)
+        if record.ended_at != ended_at:
+            return  # the spawner (or the hub reconciliation) settled it first
+        log.info(
+            "Metering: %s/%s ended at %s in pod %s (session %s): %s s",
+            facts.username,
+            facts.server_name,
+            record.ended_at.isoformat(),
+            facts.target,
+            facts.session_id,
+            record.billed_seconds,
+        )
+
+    # -- list, reconcile, watch ------------------------------------------------------------
+
+    async def _get(self, method: str, **kwargs: Any) -> dict[str, Any]:
+        response = await getattr(self.api, method)(self.namespace, _preload_content=False, **kwargs)
+        return json.loads(await response.read())
+
+    async def resync(self) -> str:
+        """List the pods, apply each, close the sessions whose pods are gone; returns the
+        list's resourceVersion to watch from."""
+        listing = await self._get("list_namespaced_pod", label_selector=LABEL_SELECTOR)
+        seen_at = clock.utcnow()
+        items = listing.get("items") or []
+        self.pods = {}
+        for pod in items:
+            await self.apply(pod, deleted=False, seen_at=seen_at)
+        # what was learnt about pods that are gone is no longer needed; unbillable pods
+        # are reported again after each list, a reminder every few minutes
+        self._refused.clear()
+        present = {facts.session_id for facts in self.pods.values()}
+        self._settled &= present
+        self._bound &= present
+        self._open = {sid: at for sid, at in self._open.items() if sid in present}
+        self._waiting = {sid: f for sid, f in self._waiting.items() if sid in present}
+        closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
+        self.synced = True
+        running = [f for f in self.pods.values() if f.running]
+        log.info(
+            "Metering pods in namespace %s: %d gputap pods, %d running; %d sessions of "
+            "vanished pods closed",
+            self.namespace,
+            len(self.pods),
+            len(running),
+            closed,
+        )
+        await self.mark_seen(seen_at)
+        return listing["metadata"]["resourceVersion"]
+
+    async def close_vanished(self, present_uids: set[str]) -> int:
+        """Close every open session bound to a pod that is not in ``present_uids``."""
+        sessions = await self._db(open_metered_sessions, self.store.engine, self.namespace)
+        gone = [s for s in sessions if s.pod_uid not in present_uids]
+        if not gone:
+            return 0
+        events = (await self._get("list_namespaced_event", field_selector="reason=Killing"))[
+            "items"
+        ]
+        for session in gone:
+            killed = killed_at(events, session)
+            ended_at = vanished_end(session, killed)
+            record = await self._db(
+                self.store.stop_session, session.session_id, ended_at, clock.utcnow()
+            )
+            self._open.pop(session.session_id, None)
+            if record.ended_at != ended_at:
+                continue  # the spawner (or the hub reconciliation) settled it meanwhile
+            how = (
+                "its Killing event"
+                if killed
+                else "last seen running"
+                if session.last_seen_at
+                else "never seen running: its start"
+            )
+            log.info(
+                "Metering: %s/%s ended at %s (%s), pod %s/%s is gone (session %s): %s s",
+                session.username,
+                session.server_name,
+                record.ended_at.isoformat(),
+                how,
+                session.namespace,
+                session.pod_name,
+                session.session_id,
+                record.billed_seconds,
+            )
+        return len(gone)
+
+    async def watch(self, resource_version: str) -> None:
+        """Apply pod events from ``resource_version`` until the stream ends.
+
+        ``ApiException`` 410 when that version is too old (the caller relists)."""
+        # a bare partial: the Watch finds no return type on it and hands over the JSON as is
+        stream = watch.Watch().stream(
+            partial(self.api.list_namespaced_pod, _preload_content=False),
+            self.namespace,
+            label_selector=LABEL_SELECTOR,
+            resource_version=resource_version,
+            timeout_seconds=self.watch_seconds,
+        )
+        async with stream as events:
+            async for event in events:
+                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    await self.apply(
+                        event["raw_object"], event["type"] == "DELETED", clock.utcnow()
+                    )
+
+    async def mark_seen(self, at: datetime) -> None:
+        """Record that the sessions of running pods were seen running ``at`` (those the
+        spawner opened during their start grace too)."""
+        ids = [f.session_id for f in self.pods.values() if f.running]
+        await self._db(self.store.mark_seen, ids, at)
+
+    async def _mark_seen_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.seen_interval_seconds)
+            if not self.synced:
+                continue  # the view may be stale: a vanished pod must not look alive
+            try:
+                await self.mark_seen(clock.utcnow())
+            except Exception:
+                log.exception("Metering: recording running pods failed; trying again")
+
+    async def start_waiting(self) -> None:
+        """Open the sessions of running pods whose start grace is over (the spawner did not
+        open them): from the container's start, so no second is lost."""
+        for session_id, facts in list(self._waiting.items()):
+            if clock.utcnow() - facts.started_at < self.start_grace:
+                continue
+            del self._waiting[session_id]
+            current = self.pods.get(facts.pod_uid)
+            if current is None or current.finished:
+                continue  # apply() has ended it
+            try:
+                await self._start(current)
+            except Exception:
+                self._waiting.setdefault(session_id, current)  # next time, or the next list
+                raise
+
+    async def _start_waiting_forever(self) -> None:
+        while True:
+            await asyncio.sleep(WAITING_CHECK_SECONDS)
+            try:
+                await self.start_waiting()
+            except Exception:
+                log.exception("Metering: opening sessions after their start grace failed")
+
+    async def run(self) -> None:
+        """List, reconcile and watch forever. Every watch ends in a relist: a second after a
+        normal end or a 410, after a growing back-off (1 s to 30 s) after an error."""
+        seen = asyncio.ensure_future(self._mark_seen_forever())
+        waiting = asyncio.ensure_future(self._start_waiting_forever())
+        delay = 0.0
+        try:
+            while True:
+                try:
+                    resource_version = await self.resync()
+                    await self.watch(resource_version)
+                    delay = 0.0
+                except asyncio.CancelledError:
+                    raise
+                except ApiException as e:
+                    if e.status != 410:
+                        delay = self._failed(e, delay)
+                    else:
+                        delay = 0.0
+                except Exception as e:
+                    delay = self._failed(e, delay)
+                self.synced = False
+                await asyncio.sleep(max(delay, 1.0))
+        finally:
+            seen.cancel()
+            waiting.cancel()
+            self.synced = False
+
+    def _failed(self, error: Exception, delay: float) -> float:
+        delay = min(max(2 * delay, 1.0), MAX_BACKOFF_SECONDS)
+        log.warning(
+            "Metering: watching pods in namespace %s failed (%s); relisting in %.0f s",
+            self.namespace,
+            error,
+            delay,
+        )
+        return delay
