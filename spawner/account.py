@@ -30,7 +30,9 @@ class AccountHandler(APIHandler):
             raise web.HTTPError(403, "Billing accounts belong to users, not services")
         if not has_scope(BILLING_ACCESS_SCOPE, self.parsed_scopes, db=self.db):
             raise web.HTTPError(403, f"Reading your credit needs the scope {BILLING_ACCESS_SCOPE}")
-        billing = user.get_spawner("", replace_failed=True).billing
+        # the default spawner only for its billing settings: never replace a failed one here
+        # (its spawn page may still be reading why it failed)
+        billing = user.spawner.billing
         try:
             account = await account_of(billing, user.name)
         except BillingUnavailable as e:
