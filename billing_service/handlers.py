@@ -288,6 +288,9 @@ class AdmissionHandler(APIHandler):
         count = count_field(body)
         price_class = price_class_field(body)
         key = optional_text(body, "idempotency_key")
+        course = optional_text(body, "course") or ""
+        if course:
+            check_text(course, "course", MAX_LENGTH["course"])
         admission = await self.blocking(
             functools.partial(
                 self.store.admit,
@@ -297,6 +300,7 @@ class AdmissionHandler(APIHandler):
                 self.now(),
                 price_class,
                 idempotency_key=key,
+                course=course,
             )
         )
         if not admission.allowed:

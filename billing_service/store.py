@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, bindparam, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import ledger
@@ -296,6 +296,14 @@ def book_from_json(text: str) -> PriceBook:
     return make_price_book(data["prices"], data["spot_discount_percent"], data["shared_percent"])
 
 
+WRITE_ATTEMPTS = 4
+
+
+def _deadlock(error: OperationalError) -> bool:
+    """PostgreSQL chose this transaction as a deadlock (or serialization) victim."""
+    return getattr(error.orig, "sqlstate", None) in ("40P01", "40001")
+
+
 def _not_found(username: str) -> NotFound:
     return NotFound(f"No billing account for {username!r}; it is opened at first login")
 
@@ -322,18 +330,23 @@ class Store(CourseOps):
         self._books: dict[int, PriceBook] = {}
 
     def _write(self, work: Callable[[Session], T]) -> T:
-        """Run ``work`` in one transaction, once more if a concurrent writer took its key.
+        """Run ``work`` in one transaction, again if a concurrent writer took its key.
 
         The unique keys (account username, ledger account code, session id, idempotency key)
         make the loser of a race fail with IntegrityError; its rollback undoes everything it
-        did, and the second run finds the winner's rows and answers as a replay would.
+        did, and the next run finds the winner's rows and answers as a replay would. One run
+        can lose more than one race (a new user's pools and the revenue account are created
+        on first use), and PostgreSQL may pick it as a deadlock victim: up to WRITE_ATTEMPTS.
         """
-        try:
-            with self._sessionmaker.begin() as db:
-                return work(db)
-        except IntegrityError:
-            with self._sessionmaker.begin() as db:
-                return work(db)
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with self._sessionmaker.begin() as db:
+                    return work(db)
+            except (IntegrityError, OperationalError) as e:
+                retry = isinstance(e, IntegrityError) or _deadlock(e)
+                if not retry or attempt == WRITE_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- ledger primitives -----------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
-from .form import Choice, options_from_form, preview_answer, render_form
+from .form import Choice, course_offers, options_from_form, preview_answer, render_form
 from .placement import (
     CardRequest,
     FreeView,
@@ -240,6 +240,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
     async def _gputap_options_form(self, spawner=None) -> str:
         try:
             account = await self.billing.open_account(self.user.name)
+            courses = course_offers(await self.billing.courses(self.user.name))
         except (BillingUnavailable, BillingRefused) as e:
             raise billing_unavailable(e) from None
         choices, simulated, spot_discount = await self.choices()
@@ -251,6 +252,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
             preview_url=self.hub.base_url + PREVIEW_PATH,
             spot_discount_percent=spot_discount if self.offers_spot else None,
             notice=self.notice,
+            courses=courses,
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -387,6 +389,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
             started_at,
             price_class,
             record.get("hold_id"),
+            record.get("course", ""),
         )
         # the hold is the session now: nothing left to release
         record.pop("hold_id", None)
@@ -479,7 +482,12 @@ class GPUSpawnerMixin(LoggingConfigurable):
         key = self.gpu["session_id"]
         try:
             answer = await self.billing.admit(
-                self.user.name, placement.offering.key, placement.count, price_class, key
+                self.user.name,
+                placement.offering.key,
+                placement.count,
+                price_class,
+                key,
+                self.gpu.get("course", ""),
             )
         except BillingRefused as e:
             raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None

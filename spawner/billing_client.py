@@ -103,6 +103,7 @@ class BillingClient:
         count: int,
         price_class: str = "on-demand",
         idempotency_key: str | None = None,
+        course: str = "",
     ) -> dict[str, Any]:
         """Admit a spawn, placing a hold on the minimum billable period's cost (``hold_id``
         in the answer; with ``idempotency_key`` the hold's id is that key, and asking again
@@ -111,7 +112,13 @@ class BillingClient:
         body = {"username": username, "sku": sku, "count": count, "price_class": price_class}
         if idempotency_key:
             body["idempotency_key"] = idempotency_key
+        if course:  # the course pays, if its rules allow this spawn
+            body["course"] = course
         return await self._call("POST", "api/admission", body)
+
+    async def courses(self, username: str) -> dict[str, Any]:
+        """The user's courses with the hours left this week per option they pay for."""
+        return await self._call("GET", f"api/accounts/{quote(username, safe='')}/courses")
 
     async def release_hold(self, hold_id: str) -> dict[str, Any]:
         """Give the credit of a hold back (a start that failed); releasing twice is fine."""
@@ -127,8 +134,10 @@ class BillingClient:
         started_at: datetime,
         price_class: str = "on-demand",
         hold_id: str | None = None,
+        course: str = "",
     ) -> dict[str, Any]:
-        """Open a session; with ``hold_id`` the admission's hold becomes the session."""
+        """Open a session; with ``hold_id`` the admission's hold becomes the session;
+        ``course`` pays for it."""
         body = {
             "price_class": price_class,
             "id": session_id,
@@ -140,6 +149,8 @@ class BillingClient:
         }
         if hold_id:
             body["hold_id"] = hold_id
+        if course:
+            body["course"] = course
         return await self._call("POST", "api/sessions", body)
 
     async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:

@@ -196,6 +196,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             "count": answer.count,
             "node": answer.node,
             "price_class": price_class,
+            "course": options.course,
         }
         reservation = f"{self.holder}#{self.gpu['session_id']}"
         if answer.offering.kind != "cpu":
@@ -225,6 +226,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             product=node.product if node else None,
             hostname=node.hostname if node else None,
             price_class=price_class,
+            course=self.gpu.get("course", ""),
         )
         settings["extra_annotations"][RESERVATION_ANNOTATION] = reservation
         self._apply_gpu_settings(settings)

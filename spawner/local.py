@@ -193,6 +193,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             "count": answer.count,
             "devices": [d.uuid for d in devices],
             "simulated": pool.simulated,
+            "course": options.course,
         }
         self.progress_note = f"matched {answer.offering.label} on {pool.node}"
         self.log.info(
