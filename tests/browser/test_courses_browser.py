@@ -70,6 +70,16 @@ def test_instructor_creates_a_course_and_the_student_spawns_on_it(school, browse
     sam.wait_for_url(re.compile(r"/user/sam/"), timeout=90_000)
     [session] = platform.sessions("sam")
     assert (session["sku"], session["course"]) == ("A100-80GB/1g.10gb", "intro-to-dl")
+    # a card the course does not pay for: refused, naming the course's rule
+    refused = platform.post(
+        "/users/sam/servers/big",
+        {"user_options": {"kind": "card", "card": "RTX-4090", "course": "intro-to-dl"}},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["message"] == (
+        "Intro to DL pays for T4, A100-80GB/1g.10gb only, not RTX-4090. Pick one of those, "
+        "or start without the course to pay with your own credit."
+    )
 
     # una is not a student: no course options, and the API refuses the course
     una = sign_in(browser, platform, github, "una")
