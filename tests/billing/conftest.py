@@ -1,5 +1,7 @@
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import psycopg
@@ -39,7 +41,14 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/db/billing.sqlite"
         return
-    name = f"gputap_billing_test_{uuid.uuid4().hex[:12]}"
+    with fresh_postgres_database("gputap_billing_test") as url:
+        yield url
+
+
+@contextmanager
+def fresh_postgres_database(prefix: str) -> Iterator[str]:
+    """The URL of a new PostgreSQL database on POSTGRES_URL's server, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with _admin_connection() as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+import requests
+
 from tests.platform import Platform
 
 HUB_SCOPES = ["custom:gputap-billing:hub", "access:services!service=billing"]
@@ -29,6 +31,19 @@ class Hub:
         """Create ``username`` on the hub and a token for them (as the ops service)."""
         self.platform.create_user(username)
         return self.platform.user_token(username)
+
+
+class Caller:
+    """Calls billing with one token: ``caller("GET", "api/me")``."""
+
+    def __init__(self, base: str, token: str):
+        self.base = base
+        self.headers = {"Authorization": f"token {token}"}
+
+    def __call__(self, method: str, path: str, **kwargs) -> requests.Response:
+        return requests.request(
+            method, self.base + path, headers=self.headers, timeout=10, **kwargs
+        )
 
 
 def start_hub(tmp: Path, **billing) -> Hub:

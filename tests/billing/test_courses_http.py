@@ -2,9 +2,8 @@
 another student, the course's instructor, another course's instructor and an admin."""
 
 import pytest
-import requests
 
-from .hub import start_hub, stop_hub
+from .hub import Caller, start_hub, stop_hub
 
 
 @pytest.fixture(scope="module")
@@ -12,17 +11,6 @@ def hub(tmp_path_factory):
     hub = start_hub(tmp_path_factory.mktemp("courses"))
     yield hub
     stop_hub(hub)
-
-
-class Caller:
-    def __init__(self, base, token):
-        self.base = base
-        self.headers = {"Authorization": f"token {token}"}
-
-    def __call__(self, method, path, **kwargs):
-        return requests.request(
-            method, self.base + path, headers=self.headers, timeout=10, **kwargs
-        )
 
 
 @pytest.fixture(scope="module")

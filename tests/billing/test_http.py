@@ -7,7 +7,7 @@ import uuid
 import pytest
 import requests
 
-from .hub import start_hub, stop_hub
+from .hub import Caller, start_hub, stop_hub
 
 
 @pytest.fixture(scope="module")
@@ -16,17 +16,6 @@ def hub(tmp_path_factory):
     yield hub
     stop_hub(hub)
     assert hub.hub_token not in hub.log() and hub.ops_token not in hub.log()
-
-
-class Caller:
-    def __init__(self, base, token):
-        self.base = base
-        self.headers = {"Authorization": f"token {token}"}
-
-    def __call__(self, method, path, **kwargs):
-        return requests.request(
-            method, self.base + path, headers=self.headers, timeout=10, **kwargs
-        )
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from billing_service.pricing import make_price_book
 from hub_config.settings import load_settings
@@ -32,7 +31,7 @@ from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import NAMESPACE, POD
 from tests.platform import free_port
 
-from .conftest import POSTGRES_URL, _admin_connection
+from .conftest import fresh_postgres_database
 from .kube_pods import NAMESPACE as NS
 from .kube_pods import Truth, gputap_pod, killing_times
 
@@ -51,15 +50,9 @@ SEEN_MARGIN = timedelta(seconds=2)
 
 @pytest.fixture
 def postgres_url():
-    """A fresh PostgreSQL database, dropped afterwards (as conftest's database_url does)."""
-    name = f"gputap_billing_meter_{uuid.uuid4().hex[:12]}"
-    with _admin_connection() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with _admin_connection() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    """A fresh PostgreSQL database, dropped afterwards."""
+    with fresh_postgres_database("gputap_billing_meter") as url:
+        yield url
 
 
 class Billing:
