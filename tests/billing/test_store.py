@@ -280,8 +280,11 @@ def test_a_retried_admission_answers_with_the_same_hold(store):
 def test_a_username_with_a_colon_cannot_reach_another_users_pools(store):
     store.open_account("a", T0)
     store.open_account("a:allowance", T0)
-    assert store.account("a", T0).pools == {"user:a:trial": 10_000_000}
-    assert store.account("a:allowance", T0).pools == {"user:a%3Aallowance:trial": 10_000_000}
+    assert store.account("a", T0).pools == {"user:a:trial": 10_000_000, "user:a:paid": 0}
+    assert store.account("a:allowance", T0).pools == {
+        "user:a%3Aallowance:trial": 10_000_000,
+        "user:a%3Aallowance:paid": 0,
+    }
 
 
 def test_a_start_after_the_meter_opened_the_session_still_releases_its_hold(store):
