@@ -13,7 +13,7 @@ cycle under 1 s. Needs PostgreSQL at ``GPUTAP_TEST_POSTGRES_URL`` (default
 postgresql+psycopg://postgres@127.0.0.1:5432/postgres); a scratch database is created and
 dropped.
 
-    .venv/bin/python bench/billing_pg.py [--sessions 10000] [--cycles 5] [--batch 200]
+    .venv/bin/python bench/billing_pg.py [--sessions 10000] [--cycles 5] [--batch 100] [--workers 3]
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def populate(store: store_module.Store, sessions: int, broke_every: int) -> None
         assert db.scalar(select(LedgerAccount.id).limit(1)) is not None
 
 
-def charge_cycles(store: store_module.Store, cycles: int, batch: int) -> None:
+def charge_cycles(store: store_module.Store, cycles: int, batch: int, workers: int) -> None:
     latencies: list[float] = []
     write = store._write
 
@@ -113,7 +113,7 @@ def charge_cycles(store: store_module.Store, cycles: int, batch: int) -> None:
     started = time.perf_counter()
     for cycle in range(1, cycles + 1):
         posted += store.post_interval_charges(
-            T0 + timedelta(seconds=INTERVAL * cycle + 1), INTERVAL, batch
+            T0 + timedelta(seconds=INTERVAL * cycle + 1), INTERVAL, batch, workers
         )
     elapsed = time.perf_counter() - started
     store._write = write
@@ -121,7 +121,7 @@ def charge_cycles(store: store_module.Store, cycles: int, batch: int) -> None:
     p = lambda q: 1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
     print(
         f"charges: {posted} posted in {elapsed:.2f} s over {cycles} cycles = "
-        f"{posted / elapsed:,.0f} charges/s (target >= 2,000/s)"
+        f"{posted / elapsed:,.0f} charges/s with {workers} worker(s) (target >= 2,000/s)"
     )
     print(
         f"post latency (batch of {batch}, start to commit): p50 {p(0.5):.1f} ms, "
@@ -168,7 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--cycles", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     name = f"gputap_billing_bench_{uuid.uuid4().hex[:8]}"
     with admin_connection() as admin:
@@ -186,7 +187,7 @@ def main() -> None:
         populate(store, args.sessions, broke_every=100)
         took = time.perf_counter() - started
         print(f"{args.sessions} accounts and running sessions in {took:.1f} s")
-        charge_cycles(store, args.cycles, args.batch)
+        charge_cycles(store, args.cycles, args.batch, args.workers)
         asyncio.run(enforcement_cycle(store, T0 + timedelta(seconds=INTERVAL * args.cycles + 2), 3))
         problems = store.check_ledger()
         print(f"ledger check: {'balanced' if not problems else problems[:3]}")

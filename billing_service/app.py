@@ -129,7 +129,7 @@ async def main() -> None:
     def post_charges() -> tuple[int, int]:
         now = clock.utcnow()
         posted = store.post_interval_charges(
-            now, config.charge_interval_seconds, config.charge_batch_size
+            now, config.charge_interval_seconds, config.charge_batch_size, config.charge_workers
         )
         return posted, store.running_count()
 

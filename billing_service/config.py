@@ -21,7 +21,8 @@ class BillingConfig:
     reconcile_interval_seconds: float
     price_book: PriceBook
     charge_interval_seconds: int = 30
-    charge_batch_size: int = 200
+    charge_batch_size: int = 100
+    charge_workers: int = 1
     hold_seconds: int = 900
     #: thresholds of the "credit runs out soon" warnings, in seconds, largest first
     warning_seconds: tuple[int, ...] = (900, 300)
@@ -52,6 +53,15 @@ def _positive_number(section: Mapping[str, object], key: str, default: float) ->
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ValueError(f"billing.{key} must be a positive number, not {value!r}")
     return float(value)
+
+
+def _charge_workers(section: Mapping[str, object], url: object) -> int:
+    workers = _positive_int(section, "charge_workers", 1, default=1)
+    if workers > 1 and isinstance(url, str) and url.startswith("sqlite"):
+        raise ValueError(
+            "billing.charge_workers above 1 needs PostgreSQL: SQLite takes one writer at a time"
+        )
+    return workers
 
 
 def billing_config(section: Mapping[str, object]) -> BillingConfig:
@@ -105,7 +115,8 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
             section.get("shared_percent", 25),
         ),
         charge_interval_seconds=charge_interval,
-        charge_batch_size=_positive_int(section, "charge_batch_size", 1, default=200),
+        charge_batch_size=_positive_int(section, "charge_batch_size", 1, default=100),
+        charge_workers=_charge_workers(section, url),
         hold_seconds=_positive_int(section, "hold_seconds", 1, default=900),
         warning_seconds=tuple(sorted({round(m * 60) for m in warnings}, reverse=True)),
         max_overrun_seconds=overrun,

@@ -19,11 +19,12 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, bindparam, func, insert, select, update
+from sqlalchemy import Engine, bindparam, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -1052,19 +1053,36 @@ class Store(CourseOps):
         return self._write(work)
 
     def post_interval_charges(
-        self, now: datetime, interval_seconds: int, batch_size: int = 200
+        self, now: datetime, interval_seconds: int, batch_size: int = 200, workers: int = 1
     ) -> int:
         """Charge every open session up to its last whole interval; returns charges posted.
 
         Sessions are taken in batches of ``batch_size`` (one transaction each), locked with
-        SKIP LOCKED so replicas share the work instead of waiting for each other. The batch
-        path uses Core statements (rows, executemany), not ORM objects: it is the hot loop."""
+        SKIP LOCKED so ``workers`` threads here, and other replicas, share the work instead
+        of waiting for each other (more than one worker needs PostgreSQL). The batch path
+        uses Core statements (rows, executemany), not ORM objects: it is the hot loop."""
         self.roll_course_weeks(now)
+        if workers <= 1:
+            return self._charge_pass(now, interval_seconds, batch_size)
+        with ThreadPoolExecutor(workers, thread_name_prefix="billing-charge") as pool:
+            passes = [
+                pool.submit(self._charge_pass, now, interval_seconds, batch_size)
+                for _ in range(workers)
+            ]
+            return sum(p.result() for p in passes)
+
+    def _charge_pass(self, now: datetime, interval_seconds: int, batch_size: int) -> int:
+        """Batches in id order until fewer than a batch are left that nobody else holds."""
         posted = 0
         after = ""
         while True:
 
             def work(db: Session, after: str = after) -> tuple[int, str, int]:
+                if self.engine.dialect.name == "postgresql":
+                    # an interval charge lost in a database crash is posted again by the next
+                    # pass (same key, cumulative amount, charged_micro lost with it), so it
+                    # need not wait for the disk; stops and grants keep synchronous commits
+                    db.execute(text("SET LOCAL synchronous_commit TO OFF"))
                 rows = db.execute(
                     select(*_CHARGE_COLUMNS)
                     .where(SESSIONS.c.ended_at.is_(None), SESSIONS.c.id > after)

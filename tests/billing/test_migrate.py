@@ -281,18 +281,20 @@ def test_two_replicas_charging_at_once_never_double_charge(database_url):
             now = T0 + timedelta(seconds=30 * k + 5)
             posted = race(stores, lambda s, _, now=now: s.post_interval_charges(now, 30, 7))
             assert sum(posted) == 40  # each session charged once per pass, by one replica
-        end = T0 + timedelta(seconds=100)
+        # and one replica with three worker threads: each session once more, by one of them
+        assert stores[0].post_interval_charges(T0 + timedelta(seconds=125), 30, 3, workers=3) == 40
+        end = T0 + timedelta(seconds=130)
         race(stores, lambda s, _: [s.stop_session(f"r{n}", end, end) for n in range(40)])
         sessions = stores[0].sessions(None)
         assert {(s.billed_seconds, s.cost_micro, s.charged_micro) for s in sessions} == {
-            (100, 138_888, 138_888)
+            (130, 180_555, 180_555)
         }
         with stores[0].engine.connect() as db:
             keys = db.exec_driver_sql(
                 "SELECT idempotency_key FROM ledger_transactions WHERE kind = 'charge'"
             ).scalars()
             assert sorted(keys) == sorted(
-                f"charge:r{n}:{k}" for n in range(40) for k in (1, 2, 3, "final")
+                f"charge:r{n}:{k}" for n in range(40) for k in (1, 2, 3, 4, "final")
             )
         assert stores[0].check_ledger() == []
     finally:
