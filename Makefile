@@ -56,6 +56,7 @@ bench: setup
 	$(PY) bench/placement.py
 	$(PY) bench/form_render.py
 	$(PY) bench/kube_spawn.py
+	$(PY) bench/billing_pg.py
 
 clean:
 	rm -rf $(VENV) node_modules .demo .pytest_cache .hypothesis
