@@ -18,6 +18,7 @@ import functools
 import re
 from datetime import datetime, time
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from tornado import web
 
@@ -27,6 +28,7 @@ from .fields import MAX_LENGTH, check_text, optional_text, text_field
 from .handlers import APIHandler, BaseHandler
 from .money import format_credits
 from .usage import csv_text
+from .views import transaction_view
 
 INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
 
@@ -210,8 +212,6 @@ class CourseGrantsHandler(CourseHandler):
             self.caller,
             self.now(),
         )
-        from .views import transaction_view
-
         self.write_json(transaction_view(tx), 201 if created else 200)
 
 
@@ -235,8 +235,6 @@ class RosterUsageHandler(CourseHandler):
             if not 2000 <= day.year <= 2099:
                 raise web.HTTPError(400, "week must be a date from 2000 to 2099")
             course = await self.blocking(self.store.course, slug)
-            from zoneinfo import ZoneInfo
-
             at = datetime.combine(day.date(), time(12), tzinfo=ZoneInfo(course.timezone))
         _, start, end, rows = await self.blocking(self.store.roster_usage, slug, at)
         if self.csv:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from . import ledger
 from .courses import WEEKDAYS, CourseRules, week_of
+from .errors import NotFound
 from .money import billed_seconds, cost_micro, format_credits
 from .orm import (
     Account,
@@ -35,6 +36,7 @@ from .orm import (
     JoinAttempt,
     LedgerAccount,
     LedgerTransaction,
+    Posting,
 )
 
 #: failed join attempts per user allowed within JOIN_WINDOW before joining is refused
@@ -122,8 +124,6 @@ class CourseOps:
     # -- records -----------------------------------------------------------------------
 
     def _course_row(self, db: Session, slug: str) -> Course:
-        from .store import NotFound
-
         row = db.get(Course, slug)
         if row is None:
             raise NotFound(f"No course {slug!r}")
@@ -279,7 +279,6 @@ class CourseOps:
 
     def set_fallback(self, slug: str, username: str, fallback: bool) -> None:
         """The student's choice: their own credit pays on when course hours run out."""
-        from .store import NotFound
 
         def work(db: Session) -> None:
             row = db.get(Enrollment, (slug, username))
@@ -419,8 +418,6 @@ class CourseOps:
 
     def _course_spent(self, db: Session, slug: str) -> int:
         """Credits a course has granted and not taken back: what it has spent or still owes."""
-        from .orm import Posting
-
         total = db.scalar(
             select(func.coalesce(func.sum(Posting.amount_micro), 0))
             .join(LedgerAccount, LedgerAccount.id == Posting.ledger_account_id)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from . import ledger
 from .course_store import CourseOps
+from .errors import NotFound, UnknownSku
 from .money import (
     billed_seconds,
     cost_micro,
@@ -70,14 +71,6 @@ _CHARGE_COLUMNS = (
     SESSIONS.c.course,
     SESSIONS.c.fallback,
 )
-
-
-class UnknownSku(ValueError):
-    """A SKU without a price."""
-
-
-class NotFound(LookupError):
-    """An account, session or hold that does not exist; the message says which."""
 
 
 @dataclass(frozen=True)
