@@ -184,12 +184,12 @@ class AccountState:
             groups.append((course, self.course_available_at(course, now), sessions))
         rest = tuple(s for s in self.running if not s.course or s.fallback)
         if rest:
-            # every pool but the allowances of courses that pay alone (theirs, above)
-            theirs = sum(
-                v
-                for c, v in self.pools.items()
-                if any(c.endswith(f":allowance:{k}") for k in alone)
-            )
+            # the user's own pools and the allowances of the courses of these sessions (a
+            # student who pays on); other allowances pay for none of them
+            usable = {
+                ledger.pool_code(self.username, "allowance", s.course) for s in rest if s.course
+            }
+            theirs = sum(v for c, v in self.pools.items() if ":allowance:" in c and c not in usable)
             available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
             groups.append(("", available, rest))
         return groups
