@@ -3,8 +3,9 @@ one enforcement cycle.
 
 - **Charges.** Every cycle charges each running session for one more interval
   (``Store.post_interval_charges``, batches of ``--batch`` sessions per transaction, as the
-  service does). Prints charges per second sustained over ``--cycles`` cycles, and the post
-  latency of a charge: the time from its batch's start to its commit (p50 / p99 / max).
+  service does). Prints charges per second sustained over ``--cycles`` cycles, the post
+  latency of a charge: the time from its batch's start to its commit (p50 / p99 / max), and
+  the revenue shards the workers credited (one each).
 - **Enforcement.** One ``Enforcer.check``: read every running account in bulk, decide, and ask
   a local hub double (real HTTP) to stop the 1 % of accounts that ran out. Prints its time.
 
@@ -36,9 +37,11 @@ from tornado import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from billing_service import ledger  # noqa: E402
 from billing_service import store as store_module  # noqa: E402
 from billing_service.enforce import Enforcer  # noqa: E402
 from billing_service.migrate import open_database  # noqa: E402
+from billing_service.money import format_credits  # noqa: E402
 from billing_service.orm import Account, BillingSession, LedgerAccount  # noqa: E402
 from billing_service.pricing import make_price_book  # noqa: E402
 from hub_config.settings import load_settings  # noqa: E402
@@ -191,6 +194,18 @@ def main() -> None:
         asyncio.run(enforcement_cycle(store, T0 + timedelta(seconds=INTERVAL * args.cycles + 2), 3))
         problems = store.check_ledger()
         print(f"ledger check: {'balanced' if not problems else problems[:3]}")
+        with store.engine.connect() as db:
+            shards = db.execute(
+                select(LedgerAccount.code, LedgerAccount.balance_micro)
+                .where(
+                    LedgerAccount.code.in_(ledger.REVENUE_CODES), LedgerAccount.balance_micro != 0
+                )
+                .order_by(LedgerAccount.code)
+            ).all()
+        print(
+            f"revenue {format_credits(store.revenue_micro())} in {len(shards)} of "
+            f"{ledger.REVENUE_SHARDS} shards ({', '.join(code[-1] for code, _ in shards)})"
+        )
         store.engine.dispose()
     finally:
         with admin_connection() as admin:

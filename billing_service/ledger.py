@@ -11,7 +11,12 @@ counter-account:
 | ``refund`` | ``user:U:paid`` | ``system:refunds`` |
 | ``adjustment`` (signed) | ``user:U:paid`` | ``system:adjustments`` |
 | ``allowance`` (a course's hours) | ``user:U:allowance:COURSE`` | ``system:allowance-grants`` |
-| ``charge`` (a session) | ``system:revenue`` | the pools, in the funding order |
+| ``charge`` (a session) | ``system:revenue:K`` | the pools, in the funding order |
+
+**Revenue shards.** Revenue is ``REVENUE_SHARDS`` counter-accounts, ``system:revenue:0`` to
+``system:revenue:7``, and is their sum. A batch of interval charges credits the shard of its
+worker, a stop the shard of its session: concurrent charge transactions then update different
+rows instead of queueing on one (the row lock of a ledger account is held until commit).
 
 **Funding order.** A session is paid from its course allowance first (course-funded sessions
 only), then trial credit, then paid credit; a course session whose student did not opt in to
@@ -23,11 +28,15 @@ an allowance: the course's, written off when the week ends).
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 FUNDING_KINDS = ("trial", "topup", "refund", "adjustment", "allowance")
 CHARGE = "charge"
-REVENUE = "system:revenue"
+#: how many accounts revenue is spread over; changing it needs a migration (the shards exist
+#: from the migration that made them, and revenue is read as the sum of REVENUE_CODES)
+REVENUE_SHARDS = 8
+REVENUE_CODES = tuple(f"system:revenue:{k}" for k in range(REVENUE_SHARDS))
 
 _POOL = {
     "trial": "trial",
@@ -66,6 +75,11 @@ def funding_pool(kind: str) -> str:
 def counter_account(kind: str) -> str:
     """The system account on the other side of a funding ``kind``."""
     return _COUNTER[kind]
+
+
+def revenue_shard(key: str) -> int:
+    """The revenue shard of ``key`` (a session id): stable, and spread evenly."""
+    return zlib.crc32(key.encode()) % REVENUE_SHARDS
 
 
 def funding_order(course: str = "", fallback: bool = True) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ servers are refused until credit is added.
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -30,11 +31,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, bindparam, func, insert, select, text, update
+from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from . import ledger
+from .charge_writes import write_charges, write_charges_postgresql
 from .course_store import CourseOps
 from .errors import NotFound, UnknownSku
 from .money import (
@@ -61,8 +63,6 @@ T = TypeVar("T")
 
 ACCOUNTS = Account.__table__
 SESSIONS = BillingSession.__table__
-TRANSACTIONS = LedgerTransaction.__table__
-POSTINGS = Posting.__table__
 LEDGER_ACCOUNTS = LedgerAccount.__table__
 _CHARGE_COLUMNS = (
     SESSIONS.c.id,
@@ -360,6 +360,11 @@ class Store(CourseOps):
         self.hold_seconds = hold_seconds
         self._sessionmaker = sessionmaker(engine, expire_on_commit=False)
         self._books: dict[int, PriceBook] = {}
+        #: ledger account ids of the revenue shards (ledger.REVENUE_CODES), once all exist
+        self._revenue_ids: tuple[int, ...] | None = None
+        #: charge worker k credits shard (base + k): this process's workers never share a
+        #: shard, and replicas most likely start elsewhere
+        self._shard_base = random.randrange(ledger.REVENUE_SHARDS)
 
     def _write(self, work: Callable[[Session], T]) -> T:
         """Run ``work`` in one transaction, again if a concurrent writer took its key.
@@ -396,6 +401,34 @@ class Store(CourseOps):
 
     def _system(self, db: Session, code: str) -> LedgerAccount:
         return self._ledger_account(db, code, None, "system")
+
+    def _revenue(self, db: Session) -> tuple[int, ...]:
+        """Ids of the revenue shards, in shard order. They are made by the migration; one
+        missing is created here (and the ids are kept only once all of them existed, so an
+        id is never kept from a transaction that rolled back)."""
+        if self._revenue_ids is not None:
+            return self._revenue_ids
+        found = dict(
+            db.execute(
+                select(LEDGER_ACCOUNTS.c.code, LEDGER_ACCOUNTS.c.id).where(
+                    LEDGER_ACCOUNTS.c.code.in_(ledger.REVENUE_CODES)
+                )
+            ).all()
+        )
+        ids = tuple(found.get(code) or self._system(db, code).id for code in ledger.REVENUE_CODES)
+        if len(found) == len(ledger.REVENUE_CODES):
+            self._revenue_ids = ids
+        return ids
+
+    def revenue_micro(self) -> int:
+        """All charges so far, net of what final charges gave back: the sum of the shards."""
+        with self._sessionmaker() as db:
+            total = db.scalar(
+                select(func.coalesce(func.sum(LEDGER_ACCOUNTS.c.balance_micro), 0)).where(
+                    LEDGER_ACCOUNTS.c.code.in_(ledger.REVENUE_CODES)
+                )
+            )
+        return int(total)  # PostgreSQL sums BIGINT as NUMERIC
 
     def _pools(
         self, db: Session, account: Account, course: str, fallback: bool = True
@@ -1058,7 +1091,7 @@ class Store(CourseOps):
             )
             back = ledger.split_refund(-amount, [-int(taken.get(p.id) or 0) for p in pools])
             parts = [-part for part in back]
-        revenue = self._system(db, ledger.REVENUE)
+        revenue = db.get(LedgerAccount, self._revenue(db)[ledger.revenue_shard(row.id)])
         moves = [(pool, -part) for pool, part in zip(pools, parts, strict=True)]
         self._post(
             db,
@@ -1110,20 +1143,25 @@ class Store(CourseOps):
 
         Sessions are taken in batches of ``batch_size`` (one transaction each), locked with
         SKIP LOCKED so ``workers`` threads here, and other replicas, share the work instead
-        of waiting for each other (more than one worker needs PostgreSQL). The batch path
-        uses Core statements (rows, executemany), not ORM objects: it is the hot loop."""
+        of waiting for each other (more than one worker needs PostgreSQL); each worker
+        credits its own revenue shard, so their transactions touch no common row. The batch
+        path uses Core statements, one per table and kind of write, not ORM objects: it is
+        the hot loop."""
         self.roll_course_weeks(now)
         if workers <= 1:
-            return self._charge_pass(now, interval_seconds, batch_size)
+            return self._charge_pass(now, interval_seconds, batch_size, 0)
         with ThreadPoolExecutor(workers, thread_name_prefix="billing-charge") as pool:
             passes = [
-                pool.submit(self._charge_pass, now, interval_seconds, batch_size)
-                for _ in range(workers)
+                pool.submit(self._charge_pass, now, interval_seconds, batch_size, worker)
+                for worker in range(workers)
             ]
             return sum(p.result() for p in passes)
 
-    def _charge_pass(self, now: datetime, interval_seconds: int, batch_size: int) -> int:
+    def _charge_pass(
+        self, now: datetime, interval_seconds: int, batch_size: int, worker: int
+    ) -> int:
         """Batches in id order until fewer than a batch are left that nobody else holds."""
+        shard = (self._shard_base + worker) % ledger.REVENUE_SHARDS
         posted = 0
         after = ""
         while True:
@@ -1142,15 +1180,20 @@ class Store(CourseOps):
                     .with_for_update(skip_locked=True)
                 ).all()
                 last = rows[-1].id if rows else after
-                return self._charge_batch(db, rows, now, interval_seconds), last, len(rows)
+                charged = self._charge_batch(db, rows, now, interval_seconds, shard)
+                return charged, last, len(rows)
 
             count, after, seen = self._write(work)
             posted += count
             if seen < batch_size:
                 return posted
 
-    def _charge_batch(self, db: Session, rows: Sequence, now: datetime, interval: int) -> int:
-        """Interval charges of ``rows`` in bulk: one statement per table."""
+    def _charge_batch(
+        self, db: Session, rows: Sequence, now: datetime, interval: int, shard: int
+    ) -> int:
+        """Interval charges of ``rows`` in bulk, into revenue shard ``shard``: the pools are
+        read (and locked) in one query, the splits computed here, and everything is written
+        at once (on PostgreSQL in one statement, ``CHARGES_POSTGRESQL``)."""
         due: list[tuple[Any, int, int]] = []
         for row in rows:
             if now <= row.started_at:
@@ -1165,7 +1208,7 @@ class Store(CourseOps):
         pools = self._locked_pools(
             db, owners, {(r.account_id, r.username, r.course) for r, _, _ in due}
         )
-        revenue = self._system(db, ledger.REVENUE).id
+        revenue = self._revenue(db)[shard]
         balances = {code: balance for code, (_, balance) in pools.items()}
         tx_rows: list[dict] = []
         splits: list[list[tuple[int, int]]] = []
@@ -1193,42 +1236,18 @@ class Store(CourseOps):
                     "created_at": now,
                 }
             )
-        ids = db.execute(
-            insert(TRANSACTIONS).returning(TRANSACTIONS.c.id, sort_by_parameter_order=True),
-            tx_rows,
-        ).scalars()
-        db.execute(
-            insert(POSTINGS),
-            [
-                {"transaction_id": tx_id, "ledger_account_id": account_id, "amount_micro": amount}
-                for tx_id, moves in zip(ids, splits, strict=True)
-                for account_id, amount in moves
-            ],
-        )
-        changed = [
-            {"pool_id": pools[code][0], "balance": balance}
+        # every balance moves by its postings' sum: the pools down, the revenue shard up
+        moved = {
+            pools[code][0]: balance - pools[code][1]
             for code, balance in balances.items()
             if balance != pools[code][1]
-        ]
-        if changed:
-            db.execute(
-                update(LEDGER_ACCOUNTS)
-                .where(LEDGER_ACCOUNTS.c.id == bindparam("pool_id"))
-                .values(balance_micro=bindparam("balance")),
-                changed,
-            )
-        total = sum(target - row.charged_micro for row, _, target in due)
-        db.execute(
-            update(LEDGER_ACCOUNTS)
-            .where(LEDGER_ACCOUNTS.c.id == revenue)
-            .values(balance_micro=LEDGER_ACCOUNTS.c.balance_micro + total)
-        )
-        db.execute(
-            update(SESSIONS)
-            .where(SESSIONS.c.id == bindparam("session_id"))
-            .values(charged_micro=bindparam("charged")),
-            [{"session_id": row.id, "charged": target} for row, _, target in due],
-        )
+        }
+        moved[revenue] = sum(target - row.charged_micro for row, _, target in due)
+        charged = {row.id: target for row, _, target in due}
+        if self.engine.dialect.name == "postgresql":
+            write_charges_postgresql(db, tx_rows, splits, moved, charged, now)
+        else:
+            write_charges(db, tx_rows, splits, moved, charged)
         return len(due)
 
     def _locked_pools(
@@ -1322,9 +1341,10 @@ class Store(CourseOps):
         """Everything that would make the books wrong; an empty list means they balance.
 
         Every transaction has postings summing to zero; every ledger account's balance is the
-        sum of its postings; all balances sum to zero; every session's ``charged_micro`` is
-        what its charge transactions took from its owner's pools, and an ended session was
-        charged exactly its cost."""
+        sum of its postings; all balances sum to zero; revenue, the sum of its shards, is what
+        charges took from users' pools; every session's ``charged_micro`` is what its charge
+        transactions took from its owner's pools, and an ended session was charged exactly its
+        cost."""
         problems: list[LedgerProblem] = []
         with self._sessionmaker() as db:
             sums = (
@@ -1359,6 +1379,13 @@ class Store(CourseOps):
                     )
             if grand != 0:
                 problems.append(LedgerProblem("books do not sum to zero", str(grand)))
+            revenue = int(
+                db.scalar(
+                    select(func.coalesce(func.sum(LedgerAccount.balance_micro), 0)).where(
+                        LedgerAccount.code.in_(ledger.REVENUE_CODES)
+                    )
+                )
+            )
             charged = dict(
                 db.execute(
                     select(LedgerTransaction.session_id, -func.sum(Posting.amount_micro))
@@ -1371,6 +1398,12 @@ class Store(CourseOps):
                     .group_by(LedgerTransaction.session_id)
                 ).all()
             )
+            # revenue (the sum of its shards) is exactly what charges took from the users
+            taken = sum(int(v or 0) for v in charged.values())
+            if revenue != taken:
+                problems.append(
+                    LedgerProblem("revenue differs from charges", f"{revenue} != {taken}")
+                )
             for row in db.execute(
                 select(
                     BillingSession.id,

@@ -317,7 +317,7 @@ def check_bills(url, todo, pods, killed, sessions) -> None:
             charges = db.execute(
                 text(
                     "SELECT t.session_id, t.idempotency_key, "
-                    "COALESCE(SUM(CASE WHEN a.code = 'system:revenue' "
+                    "COALESCE(SUM(CASE WHEN a.code LIKE 'system:revenue:%' "
                     "THEN p.amount_micro END), 0) AS revenue "
                     "FROM ledger_transactions t "
                     "JOIN ledger_postings p ON p.transaction_id = t.id "

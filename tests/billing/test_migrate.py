@@ -23,6 +23,9 @@ from billing_service.migrate import (
     upgrade_database,
 )
 from billing_service.orm import Base, make_engine
+from billing_service.pricing import make_price_book
+from billing_service.store import Store
+from hub_config.settings import load_settings
 
 from .conftest import T0, make_store
 
@@ -300,3 +303,74 @@ def test_two_replicas_charging_at_once_never_double_charge(database_url):
     finally:
         for store in stores:
             store.engine.dispose()
+
+
+def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
+    """The revision before revenue shards wrote every charge to ``system:revenue``: upgrading
+    makes it shard 0 beside seven empty ones, downgrading puts every shard's postings and
+    balance back onto one account; the books balance throughout."""
+    before = "7c3e5a9b2d14"
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), before)
+    # this code on that revision's tables: open_database would refuse them, rightly
+    store = Store(
+        engine,
+        make_price_book(load_settings(environ={}).billing["prices"]),
+        trial_credit_micro=10_000_000,
+        min_billable_seconds=300,
+    )
+    store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
+    store.stop_session("s1", T0 + timedelta(hours=1), T0)  # 5.00 of revenue
+    with store.engine.begin() as db:  # as that revision wrote it: one revenue account
+        db.execute(
+            text(
+                "UPDATE ledger_accounts SET code = 'system:revenue' "
+                "WHERE code LIKE 'system:revenue:%' AND balance_micro <> 0"
+            )
+        )
+        db.execute(text("DELETE FROM ledger_accounts WHERE code LIKE 'system:revenue:%'"))
+
+    upgrade_database(engine)
+    engine.dispose()
+    store = make_store(database_url)
+    assert store.revenue_micro() == 5_000_000 and store.check_ledger() == []
+    with store.engine.connect() as db:
+        codes = db.execute(
+            text("SELECT code, balance_micro FROM ledger_accounts WHERE code LIKE 'system:rev%'")
+        ).all()
+    assert sorted(codes) == [("system:revenue:0", 5_000_000)] + [
+        (f"system:revenue:{k}", 0) for k in range(1, 8)
+    ]
+    # charges land in several shards; revenue is their sum
+    for n in range(2, 10):
+        store.start_session(f"s{n}", "ada", f"n{n}", "cpu", 1, T0, T0)
+        store.stop_session(f"s{n}", T0 + timedelta(hours=1), T0)
+    with store.engine.connect() as db:
+        used = db.scalar(
+            text(
+                "SELECT COUNT(*) FROM ledger_accounts "
+                "WHERE code LIKE 'system:revenue:%' AND balance_micro <> 0"
+            )
+        )
+    assert used > 1
+    assert store.revenue_micro() == 5_000_000 + 8 * 100_000 and store.check_ledger() == []
+    store.engine.dispose()
+
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), before)
+    with engine.connect() as db:
+        [(balance, posted)] = db.execute(
+            text(
+                "SELECT a.balance_micro, SUM(p.amount_micro) FROM ledger_accounts a "
+                "JOIN ledger_postings p ON p.ledger_account_id = a.id "
+                "WHERE a.code = 'system:revenue' GROUP BY a.id, a.balance_micro"
+            )
+        ).all()
+        shards = db.scalar(
+            text("SELECT COUNT(*) FROM ledger_accounts WHERE code LIKE 'system:revenue:%'")
+        )
+    assert balance == posted == 5_800_000 and shards == 0
+    upgrade_database(engine)
+    assert schema_diff(engine) == []
+    engine.dispose()

@@ -2,6 +2,7 @@ from datetime import timedelta
 
 import pytest
 
+from billing_service import ledger
 from billing_service.courses import course_rules
 from billing_service.pricing import make_price_book
 from billing_service.store import NotFound, UnknownSku
@@ -126,8 +127,11 @@ def test_stop_is_idempotent_with_one_charge(store):
     charges = [t for t in store.transactions("ada") if t.kind == "charge"]
     assert len(charges) == 1 and charges[0].amount_micro == -10_000_000
     assert charges[0].idempotency_key == "charge:s1:final"
-    assert charges[0].postings == (("user:ada:trial", -(10**7)), ("system:revenue", 10**7))
+    # revenue: the shard of the session
+    shard = f"system:revenue:{ledger.revenue_shard('s1')}"
+    assert charges[0].postings == (("user:ada:trial", -(10**7)), (shard, 10**7))
     assert store.account("ada", T0).balance_micro == 0
+    assert store.revenue_micro() == 10**7 and isinstance(store.revenue_micro(), int)
 
 
 def test_interval_charges_are_deterministic_and_the_stop_settles_the_rest(store):
