@@ -122,6 +122,7 @@ def apply(c: Any, settings: Settings) -> None:
     _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
+    _idle_culler(c, settings.section("idle"), backend)
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -129,11 +130,15 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     venv_bin = str(Path(sys.executable).parent)
     c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+    extra = {str(k): str(v) for k, v in (spawner.get("environment") or {}).items()}
+    # servers never reach out to the internet: no news feed, no update checks (an operator's
+    # own config folders come first)
+    config_path = [extra.pop("JUPYTER_CONFIG_PATH", ""), str(ROOT / "hub_config" / "singleuser")]
     c.Spawner.environment = {
         "PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
         "LANG": "C.UTF-8",
-        # servers never reach out to the internet: no news feed, no update checks
-        "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
+        **extra,
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(p for p in config_path if p),
     }
     c.GPULocalSpawner.inventory = spawner.get("inventory", "auto")
     if spawner.get("inventory_file"):
@@ -287,3 +292,44 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         BILLING_METRICS_SCOPE: {"description": "Read billing's Prometheus metrics"},
         BILLING_INSTRUCTOR_SCOPE: {"description": "Create courses and run the ones you teach"},
     }
+
+
+def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
+    """jupyterhub-idle-culler as a hub service, and how often servers report activity.
+
+    A server's last activity includes its GPU being busy (the gputap-lab server extension
+    marks it), so long training runs survive while idle GPUs are stopped (docs/lab.md)."""
+    enabled = idle.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise SettingsError(f"idle.enabled must be true or false, not {enabled!r}")
+    numbers = {}
+    for key in ("timeout_seconds", "cull_every_seconds", "activity_interval_seconds"):
+        value = idle.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"idle.{key} must be a whole number of seconds >= 1, not {value!r}")
+        numbers[key] = value
+    interval = str(numbers["activity_interval_seconds"])
+    target = c.KubeSpawner if backend == "kubernetes" else c.Spawner
+    target.environment = {**target.get("environment", {}), "JUPYTERHUB_ACTIVITY_INTERVAL": interval}
+    if not enabled:
+        return
+    c.JupyterHub.services.append(
+        {
+            "name": "idle-culler",
+            "command": [
+                sys.executable,
+                "-m",
+                "jupyterhub_idle_culler",
+                f"--timeout={numbers['timeout_seconds']}",
+                f"--cull-every={numbers['cull_every_seconds']}",
+            ],
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "idle-culler",
+            "description": "Stop servers with neither user nor GPU activity for a while",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": ["idle-culler"],
+        }
+    )
