@@ -226,17 +226,26 @@ def test_bad_changes_are_refused_with_what_is_wrong(platform, body, message):
     assert pid(platform, "frank") == before and platform.server("frank")["ready"]
 
 
-def test_change_of_a_stopped_server_is_refused(platform):
-    if platform.server("frank") is None:
-        started(platform, "frank", SLICE)
-    token = platform.user_token("frank")
-    platform.stop_server("frank")
-    r = api(platform, token, "users/frank/server/change", "POST", {"options": RTX})
+def test_a_named_server_and_the_change_of_a_stopped_one(platform):
+    platform.create_user("fay")
+    r = platform.spawn("fay", {"kind": "cpu"}, server_name="nb")
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("fay", server_name="nb")
+    token = platform.server_env("fay", "nb")["JUPYTERHUB_API_TOKEN"]
+    facts = api(platform, token, "users/fay/servers/nb").json()
+    assert (facts["server"], facts["offering"], facts["running"]) == ("nb", "cpu", True)
+    # the named server's token is for that server only
+    assert api(platform, token, "users/fay/server").status_code == 404
+
+    user_token = platform.user_token("fay")
+    platform.stop_server("fay", "nb")
+    r = api(platform, user_token, "users/fay/servers/nb/change", "POST", {"options": RTX})
     assert r.status_code == 409, r.text
     assert r.json()["message"] == (
-        "frank is not running; start it with the options you want instead"
+        "fay/nb is not running; start it with the options you want instead"
     )
-    assert platform.server("frank") is None
+    assert platform.server("fay", "nb") is None
+    assert api(platform, user_token, "users/fay/servers/nb").json()["running"] is False
 
 
 def test_nobody_sees_or_changes_another_users_server(platform):
