@@ -22,6 +22,18 @@ BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
 BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
 BILLING_METRICS_SCOPE = "custom:gputap-billing:metrics"
 BILLING_INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
+DISKS_SCOPE = "custom:gputap:disks"
+#: what a single-user server's own token ($JUPYTERHUB_API_TOKEN) may do: JupyterHub's default
+#: server role (post activity, be accessed), and for the Lab extension read and change its own
+#: server and manage its user's disks (docs/lab.md). "!server" means this server, "!user" its
+#: user; the token gets only what the user holds.
+SERVER_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    "read:servers!server",
+    "servers!server",
+    f"{DISKS_SCOPE}!user",
+]
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -123,6 +135,7 @@ def apply(c: Any, settings: Settings) -> None:
 
     _services(c, settings, hub_token)
     _idle_culler(c, settings.section("idle"), backend)
+    _server_api_scopes(c)
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -174,9 +187,9 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     """The hub's own gputap handlers (the spec preview, the user's account) and the credit
     banner on every hub page (templates/page.html extends JupyterHub's page.html)."""
-    from spawner import account, preview
+    from spawner import account, preview, server_api
 
-    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers]
+    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers, *server_api.handlers]
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     c.JupyterHub.template_vars = {
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
@@ -333,3 +346,17 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
             "services": ["idle-culler"],
         }
     )
+
+
+def _server_api_scopes(c: Any) -> None:
+    """Scopes of the hub's server API (docs/lab.md): each server's own token may read and
+    change that server and manage its user's disks; every user holds the disks scope on
+    themselves (a token gets only scopes its owner holds)."""
+    c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+    c.JupyterHub.custom_scopes = {
+        **c.JupyterHub.custom_scopes,
+        DISKS_SCOPE: {"description": "List, create, attach, detach and delete data disks"},
+    }
+    for role in c.JupyterHub.load_roles:
+        if role["name"] == "user":
+            role["scopes"] = [*role["scopes"], f"{DISKS_SCOPE}!user"]
