@@ -115,8 +115,8 @@ class HubClient:
 
     @property
     def who(self) -> str:
-        """``user/server`` for log lines."""
-        return f"{self.user}/{self.server_name}"
+        """``user`` or ``user/server`` for log lines, as JupyterHub names servers."""
+        return f"{self.user}/{self.server_name}" if self.server_name else self.user
 
     async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """Call ``{base}{path}``; answer (status, JSON) for 2xx, raise HubError otherwise.
