@@ -53,7 +53,10 @@ export class GPUSection {
       );
       return;
     }
-    const slots = Math.max(1, Math.ceil(300 / (gpu.interval_seconds || 3)));
+    const slots = Math.max(
+      1,
+      Math.ceil((gpu.history_seconds || 300) / (gpu.interval_seconds || 3))
+    );
     fill(
       this._body,
       ...gpu.devices.map(device => this._device(device)),
@@ -61,7 +64,9 @@ export class GPUSection {
       h(
         'div',
         { class: 'gputap-legend' },
-        h('span', { class: 'gputap-legend-utilization' }, 'utilisation'),
+        gpu.devices.some(d => d.utilization_percent !== null)
+          ? h('span', { class: 'gputap-legend-utilization' }, 'utilisation')
+          : null,
         h('span', { class: 'gputap-legend-memory' }, 'memory'),
         h('span', { class: 'gputap-muted' }, gpu.busy ? ' · busy' : ' · idle')
       )

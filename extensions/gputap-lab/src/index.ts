@@ -2,7 +2,11 @@
  * gputap-lab: live GPU use and cost in the status bar and a side panel; change of GPU
  * and data disks without losing open work. One plugin.
  */
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { IWindowResolver, Notification } from '@jupyterlab/apputils';
 import { IStateDB } from '@jupyterlab/statedb';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -41,16 +45,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gputap-lab:plugin',
   description: 'gputap: GPU use, cost and credit, change of GPU, data disks.',
   autoStart: true,
-  optional: [IStatusBar, IStateDB, IWindowResolver],
+  optional: [IStatusBar, IStateDB, IWindowResolver, ILayoutRestorer],
   activate: (
     app: JupyterFrontEnd,
     statusBar: IStatusBar | null,
     state: IStateDB | null,
-    resolver: IWindowResolver | null
+    resolver: IWindowResolver | null,
+    restorer: ILayoutRestorer | null
   ) => {
     const model = new GPUTapModel();
     const panel = new GPUTapPanel(model, { app, state, resolver });
     app.shell.add(panel, 'right', { rank: 900 });
+    // reopened after a reload (a change of GPU reloads Lab) as it was left
+    restorer?.add(panel, panel.id);
     if (statusBar) {
       const item = new GPUTapStatus(model, () => app.shell.activateById(panel.id));
       statusBar.registerStatusItem('gputap-lab:status', {

@@ -34,6 +34,7 @@ export interface IGPUState {
   message: string | null;
   sampled_at: string | null;
   interval_seconds: number;
+  history_seconds: number;
   devices: IDevice[];
   history: IHistoryPoint[];
 }
