@@ -122,7 +122,8 @@ class LabServer:
 
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory) -> Iterator:
-    """``lab_server(reader=..., env=..., **GPUTapLab settings)`` → a started LabServer.
+    """``lab_server(reader=..., env=..., config=..., **GPUTapLab settings)`` → a started
+    LabServer; ``config`` adds other classes' settings (``{"LabApp": {...}}``).
 
     ``reader`` names a class in tests/lab/fake_gpu.py (None: the real NvmlReader). Samples
     every 0.2 s unless ``sample_interval_seconds`` says otherwise. Stopped at module end.
@@ -130,7 +131,10 @@ def lab_server(tmp_path_factory) -> Iterator:
     servers: list[LabServer] = []
 
     def start(
-        reader: str | None = "BusyGPU", env: dict[str, str] | None = None, **settings: Any
+        reader: str | None = "BusyGPU",
+        env: dict[str, str] | None = None,
+        config: dict[str, Any] | None = None,
+        **settings: Any,
     ) -> LabServer:
         lab = {"sample_interval_seconds": 0.2, **settings}
         if reader is not None:
@@ -138,7 +142,7 @@ def lab_server(tmp_path_factory) -> Iterator:
         server = LabServer(
             tmp_path_factory.mktemp("lab"),
             {"CUDA_VISIBLE_DEVICES": "GPU-4a1c0000-aaaa-bbbb-cccc-000000000001", **(env or {})},
-            {"GPUTapLab": lab},
+            {"GPUTapLab": lab, **(config or {})},
         )
         servers.append(server)
         server.start()

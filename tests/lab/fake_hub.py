@@ -87,6 +87,8 @@ class HubState:
     disks: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_disks: int = 3
     max_size_gb: int = 100
+    simulated: bool = True
+    warnings: list[dict[str, Any]] = field(default_factory=list)
     seen: list[Seen] = field(default_factory=list)
     fail_next: tuple[int, str] | None = None
 
@@ -99,7 +101,7 @@ class HubState:
             "offering": self.offering,
             "label": "A100-80GB 1g.10gb slice",
             "count": 1,
-            "simulated": True,
+            "simulated": self.simulated,
             "course": "",
             "disks": [
                 {"name": d["name"], "path": f"/home/{self.user}/disks/{d['name']}"}
@@ -129,7 +131,7 @@ class HubState:
                 "rate_per_hour_micro": 1142857,
                 "rate_per_hour": "1.142857",
                 "seconds_left": 27900,
-                "warnings": [],
+                "warnings": self.warnings,
                 "running": [],
                 "as_of": NOW,
             },
