@@ -170,3 +170,23 @@ def hub_env(state: HubState, url: str, server_name: str = "") -> dict[str, str]:
         "JUPYTERHUB_SERVER_NAME": server_name,
         "GPUTAP_SIMULATED": "1",
     }
+
+
+def wait_for_samples(server, count: int = 3) -> dict:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        answer = server.get("gputap/gpu").json()
+        if len(answer["history"]) >= count:
+            return answer
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {count} samples in 15 s: {answer}\n{server.log()}")
+
+
+def activity_moves(server, seconds: float = 1.2) -> bool:
+    """Whether last_activity moves while nobody uses the server but the panel's polling."""
+    before = server.last_activity()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        server.get("gputap/gpu")
+        time.sleep(0.1)
+    return server.last_activity() != before
