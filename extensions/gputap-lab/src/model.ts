@@ -157,16 +157,34 @@ export class GPUTapModel {
     void this.refreshGPU();
     void this.refreshServer().then(() => this.refreshChoices());
     void this.refreshDisks();
+    // a tab in the background asks nothing (the hub serves every open Lab); the cost
+    // still ticks from the last sync and is re-synced when the tab is shown again
+    const visible = () => !document.hidden;
     this._timers.push(
-      window.setInterval(() => void this.refreshGPU(), gpuSeconds * 1000),
-      window.setInterval(() => void this.refreshServer(), serverSeconds * 1000)
+      window.setInterval(
+        () => visible() && void this.refreshGPU(),
+        gpuSeconds * 1000
+      ),
+      window.setInterval(
+        () => visible() && void this.refreshServer(),
+        serverSeconds * 1000
+      )
     );
+    document.addEventListener('visibilitychange', this._onVisible);
   }
 
   dispose(): void {
     this._timers.forEach(timer => window.clearInterval(timer));
     this._timers = [];
+    document.removeEventListener('visibilitychange', this._onVisible);
   }
+
+  private _onVisible = (): void => {
+    if (!document.hidden) {
+      void this.refreshServer();
+      void this.refreshGPU();
+    }
+  };
 
   async refreshGPU(): Promise<void> {
     if (this.restarting) {
