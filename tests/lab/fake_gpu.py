@@ -6,6 +6,9 @@ with one sample per device; the server extension cannot tell them from the real 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from gputap_lab.gpu import DeviceSample, GPUUnavailable
 
 GIB = 1024**3
@@ -95,3 +98,14 @@ class NoNVML(FakeReader):
         raise GPUUnavailable(
             "NVML is not available (NVML Shared Library Not Found): no live GPU numbers"
         )
+
+
+class SwitchedByHomeFile(FakeReader):
+    """Busy while ``$HOME/.fake-gpu-busy`` exists, idle otherwise: one setting for every
+    server of a test hub, each server's GPU as busy as its user's file says."""
+
+    def sample(self, uuid: str) -> DeviceSample:
+        busy = (Path(os.environ.get("HOME", "/nonexistent")) / ".fake-gpu-busy").exists()
+        self.utilization_percent = 91 if busy else 0
+        self.compute_processes = 1 if busy else 0
+        return super().sample(uuid)
