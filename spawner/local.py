@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import time
 import uuid
 from datetime import datetime
@@ -25,6 +24,7 @@ from traitlets import Bool, Unicode, default
 
 from .base import GPUSpawnerMixin, billing_unavailable, utcnow
 from .billing_client import BillingRefused, BillingUnavailable
+from .dirnames import safe_dirname
 from .inventory import DevicePool, load_local_devices
 from .placement import FreeView
 
@@ -34,18 +34,6 @@ _pools: dict[tuple[str, str], DevicePool] = {}
 _pool_lock = asyncio.Lock()
 # claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
 _pending_claims: dict[str, list[str]] = {}
-
-
-def safe_dirname(name: str) -> str:
-    """A username as one path component, different for different names.
-
-    Every character outside ``[A-Za-z0-9_.]`` (``-`` included) becomes ``-<hex>-``, and so does
-    a leading dot, so two users never share a home and no name escapes ``homes_root``.
-    """
-    cleaned = re.sub(r"[^A-Za-z0-9_.]", lambda m: f"-{ord(m[0]):x}-", name)
-    if cleaned.startswith("."):
-        cleaned = "-2e-" + cleaned[1:]
-    return cleaned or "-"
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
