@@ -21,6 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
+from .disks import Disk, DiskError, DiskStore
 from .form import Choice, course_offers, options_from_form, preview_answer, render_form
 from .placement import (
     CardRequest,
@@ -167,6 +168,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """,
     )
 
+    disk_max_size_gb = Integer(
+        100,
+        config=True,
+        help="""Largest data disk a user may create, in GB.
+
+        c.GPULocalSpawner.disk_max_size_gb = 500
+        """,
+    )
+
+    max_disks = Integer(
+        5,
+        config=True,
+        help="""Most data disks one user may have.
+
+        c.GPULocalSpawner.max_disks = 10
+        """,
+    )
+
     @default("options_form")
     def _default_options_form(self):
         return self._gputap_options_form
@@ -194,6 +213,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
     #: metering may have begun
     gpu: dict[str, Any] | None = None
 
+    #: the disks this server mounted at its start: [{"name", "path"}] (kept in its state)
+    mounted_disks: list[dict[str, str]] | None = None
+
     _base_start_timeout: int | None = None
 
     def options_applied(self, options: ServerOptions) -> None:
@@ -215,6 +237,55 @@ class GPUSpawnerMixin(LoggingConfigurable):
     @property
     def _log_name(self) -> str:
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    # -- data disks ----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> DiskStore:
+        """The user's data disks (spawner/disks.py); each backend provides its store."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    def disk_path(self, name: str) -> str:
+        """Where disk ``name`` appears inside this user's servers; each backend says."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    async def disks_to_mount(self) -> list[Disk]:
+        """The disks attached to this server, read as it starts; they become its
+        ``mounted_disks`` (and $GPUTAP_DISKS)."""
+        try:
+            disks = await self.disk_store.attached(self.user.name, self.name)
+        except DiskError as e:
+            raise web.HTTPError(e.status, e.message) from None
+        self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
+        if disks:
+            names = ", ".join(d.name for d in disks)
+            self.log.info("%s: mounting disks %s", self._log_name, names)
+        return disks
+
+    def attached_disks_view(self) -> list[dict[str, str]]:
+        """The disks of the running server: [{"name", "path"}] (none when it is stopped)."""
+        return [dict(d) for d in self.mounted_disks or []]
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        # the Lab extension shows the server's disks from here
+        env["GPUTAP_DISKS"] = json.dumps(self.attached_disks_view())
+        return env
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.mounted_disks is not None:
+            state["gputap_disks"] = self.mounted_disks
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        disks = state.get("gputap_disks")
+        self.mounted_disks = [dict(d) for d in disks] if disks is not None else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.mounted_disks = None
 
     # -- prices and choices --------------------------------------------------------------
 
