@@ -122,6 +122,7 @@ def apply(c: Any, settings: Settings) -> None:
     _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
+    _disks(c, spawner.get("disks") or {})
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -164,6 +165,33 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+
+def _disks(c: Any, disks: dict[str, Any]) -> None:
+    """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub
+    and its scope, which every user holds for their own disks."""
+    from spawner import disk_api
+
+    limits = {"max_size_gb": 100, "max_disks": 5}
+    for key in limits:
+        value = disks.get(key, limits[key])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"spawner.disks.{key} must be a whole number from 1, not {value!r}")
+        limits[key] = value
+    c.GPUSpawnerMixin.disk_max_size_gb = limits["max_size_gb"]
+    c.GPUSpawnerMixin.max_disks = limits["max_disks"]
+    if disks.get("root"):
+        c.GPULocalSpawner.disk_root = str(disks["root"])
+    c.GPUKubeSpawner.disk_storage_class = str(disks.get("storage_class") or "")
+
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *disk_api.handlers]
+    c.JupyterHub.custom_scopes = {
+        **c.JupyterHub.custom_scopes,
+        disk_api.DISKS_SCOPE: {"description": "List, create, attach and delete your data disks"},
+    }
+    for role in c.JupyterHub.load_roles:
+        if role["name"] == "user" and f"{disk_api.DISKS_SCOPE}!user" not in role["scopes"]:
+            role["scopes"].append(f"{disk_api.DISKS_SCOPE}!user")
 
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:

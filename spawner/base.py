@@ -541,7 +541,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
             except BillingUnavailable:
                 delay = min(delay * 2, 60)
             except BillingRefused as e:
-                self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
+                if e.status != 404:  # 404: the start never reached billing, nothing to close
+                    self.log.error(
+                        "%s: billing refused to close %s: %s", self._log_name, session_id, e
+                    )
                 return
         self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 
