@@ -63,7 +63,7 @@ def load_catalog(cards: dict[str, Any]) -> Catalog:
     return _CATALOGS[key]
 
 
-def _wanted_key(request: Request) -> str | None:
+def wanted_key(request: Request) -> str | None:
     """The offering a request waits for when sold out (specs and CPU never wait)."""
     if isinstance(request, CardRequest):
         return request.card
@@ -116,9 +116,7 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
     an exception raised here would be logged with a traceback).
     """
     try:
-        options = parse_options(user_options, spawner.catalog)
-        if options.spot and not spawner.offers_spot:
-            raise RequestError("spot (interruptible) servers need the Kubernetes backend")
+        options = spawner.parse_server_options(user_options)
         spawner.server_options, spawner.options_error = options, None
     except RequestError as e:
         spawner.server_options, spawner.options_error = None, str(e)
@@ -226,6 +224,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
         extra = self.queue_timeout if options.queue else 0
         self.start_timeout = self._base_start_timeout + extra
 
+    def parse_server_options(self, user_options: dict[str, Any] | None) -> ServerOptions:
+        """``user_options`` as this backend can run them; RequestError saying what is wrong."""
+        options = parse_options(user_options, self.catalog)
+        if options.spot and not self.offers_spot:
+            raise RequestError("spot (interruptible) servers need the Kubernetes backend")
+        return options
+
     @property
     def catalog(self) -> Catalog:
         return load_catalog(self.catalog_cards)
@@ -262,14 +267,15 @@ class GPUSpawnerMixin(LoggingConfigurable):
             self.log.info("%s: mounting disks %s", self._log_name, names)
         return disks
 
-    def attached_disks_view(self) -> list[dict[str, str]]:
-        """The disks of the running server: [{"name", "path"}] (none when it is stopped)."""
+    async def attached_disks_view(self) -> list[dict[str, Any]]:
+        """The data disks of the running server, as the server API shows them:
+        ``[{"name", "path"}]``, the disks it mounted at its start (none once stopped)."""
         return [dict(d) for d in self.mounted_disks or []]
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
         # the Lab extension shows the server's disks from here
-        env["GPUTAP_DISKS"] = json.dumps(self.attached_disks_view())
+        env["GPUTAP_DISKS"] = json.dumps(self.mounted_disks or [])
         return env
 
     def get_state(self) -> dict[str, Any]:
@@ -302,9 +308,11 @@ class GPUSpawnerMixin(LoggingConfigurable):
         except BillingUnavailable as e:
             raise billing_unavailable(e) from None
 
-    async def choices(self) -> tuple[list[Choice], bool, int]:
-        """The form's options, whether the cards are simulated, and the spot discount."""
-        view, simulated = await self.gpu_free_view()
+    async def choices(self, own_free: bool = False) -> tuple[list[Choice], bool, int]:
+        """The form's options, whether the cards are simulated, and the spot discount.
+
+        ``own_free``: count what this server holds as free (what it could change to)."""
+        view, simulated = await (self.change_free_view() if own_free else self.gpu_free_view())
         prices, spot_discount = await self.price_book_for(view)
         return build_choices(view, self.catalog, prices), simulated, spot_discount
 
@@ -354,7 +362,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         the devices (or reserves the units) before any other spawn can decide.
         """
         request, holder = options.request, self._log_name
-        wanted = _wanted_key(request)
+        wanted = wanted_key(request)
         deadline = asyncio.get_running_loop().time() + self.queue_timeout
         try:
             while True:
@@ -409,6 +417,22 @@ class GPUSpawnerMixin(LoggingConfigurable):
                     f"{waiting} waiting in line"
                 )
         return answer
+
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        """What this server could take if it stopped first (a ``spot`` server: without
+        preempting anyone): the free view with its own devices counted as free. Backends
+        that cannot tell (Kubernetes) count them as taken."""
+        return await self.gpu_free_view()
+
+    async def fits_after_stop(self, options: ServerOptions) -> Placement | Refusal:
+        """Where ``options`` would go now if this server stopped first (its devices count as
+        free), by the rules a spawn follows: nobody jumps the line of a sold-out offering.
+        400 for options no machine here could serve; 503 when billing has no prices."""
+        view, _ = await self.change_free_view(options.spot)
+        price_class = "spot" if options.spot else "on-demand"
+        prices = await self.prices_for(view, price_class)
+        request = options.request
+        return self._decide_in_turn(request, self._log_name, wanted_key(request), view, prices)
 
     def wake_queue(self) -> None:
         """Wake whoever is first in line if what they wait for fits now (backends say

@@ -344,7 +344,7 @@ class DiskActionHandler(DiskAPIHandler):
         """Whether the running server has the disk mounted (a stopped one has none)."""
         if spawner is None or not spawner.ready:
             return False
-        return any(d["name"] == name for d in spawner.attached_disks_view())
+        return any(d["name"] == name for d in spawner.mounted_disks or [])
 
 
 async def disk_price(billing: BillingClient) -> dict[str, Any]:

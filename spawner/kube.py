@@ -178,6 +178,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         watcher = await self.cluster()
         return watcher.inventory.preemptible_view, False
 
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        """A spot server takes only what is free. The pod's own GPUs count as taken: they
+        are free only once the pod is gone, and a change never promises what it may not
+        get (docs/kubernetes.md, "Changing a server's GPU")."""
+        watcher = await self.cluster()
+        inventory = watcher.inventory
+        return (inventory.view if spot else inventory.preemptible_view), False
+
     async def _ensure_priority_classes(self) -> None:
         api = shared_client("SchedulingV1Api")
         for name, value, what in (

@@ -191,6 +191,10 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         pool = await self.pool()
         return pool.free_view(), pool.simulated
 
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        pool = await self.pool()
+        return pool.free_view(as_free=self.holder), pool.simulated
+
     # -- process environment --------------------------------------------------------------
 
     def make_preexec_fn(self, name):

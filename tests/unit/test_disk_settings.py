@@ -3,7 +3,7 @@
 import pytest
 from traitlets.config import Config
 
-from hub_config.hub import apply
+from hub_config.hub import DISKS_SCOPE, apply
 from hub_config.settings import SettingsError, load_settings
 from spawner import disk_api
 
@@ -22,9 +22,10 @@ def test_defaults_reach_the_spawners_and_users_may_use_their_own_disks(tmp_path)
     assert c.GPULocalSpawner.disk_root == f"{tmp_path}/disks"
     assert c.GPUKubeSpawner.disk_storage_class == ""
     assert all(h in c.JupyterHub.extra_handlers for h in disk_api.handlers)
-    assert "custom:gputap:disks" in c.JupyterHub.custom_scopes
+    # the API checks the scope the hub defines, which every user holds on themselves
+    assert disk_api.DISKS_SCOPE == DISKS_SCOPE and DISKS_SCOPE in c.JupyterHub.custom_scopes
     [user_role] = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
-    assert "custom:gputap:disks!user" in user_role["scopes"]
+    assert user_role["scopes"].count(f"{DISKS_SCOPE}!user") == 1
 
 
 def test_operators_set_limits_and_storage_class(tmp_path):
