@@ -13,15 +13,16 @@ At ``{base_url}hub/gputap/api/``:
 
 A user, disk or server the caller may not see answers 404 with the message a missing one
 gets. Attach and detach take effect at the server's next start, so a running server is
-restarted with the options it runs with (``restart`` in the answer; null when nothing needed
-restarting). Billing meters each disk as a storage session (sku ``disk``, count = GB) from
-its creation to its deletion; when billing cannot be reached, neither happens.
+restarted with the options it runs with (spawner/change.py's ``restart_with``: ``restart`` in
+the answer is its status, also at ``GET {server}/change``; null when no server needed it; when
+the restart is refused, the disk is left as it was). Billing meters each disk as a storage
+session (sku ``disk``, count = GB) from its creation to its deletion; when billing cannot be
+reached, neither happens.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ from tornado import web
 
 from .base import utcnow
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
+from .change import restart_with
 from .disks import Disk, DiskError, check_new_disk
 
 API_PATH = "gputap/api"
@@ -44,60 +46,10 @@ STORAGE_CLASS = "storage"
 PENDING = {"spawn": "starting", "stop": "stopping", "check": "starting"}
 # disk changes of one user, one at a time (the hub is one process)
 _locks: dict[str, asyncio.Lock] = {}
-# restarts in progress, so they are not collected before they finish
-_restarts: set[asyncio.Task] = set()
 
 
 def _lock(username: str) -> asyncio.Lock:
     return _locks.setdefault(username, asyncio.Lock())
-
-
-async def restart_server(
-    handler: APIHandler, user: Any, server_name: str, reason: str
-) -> dict[str, Any] | None:
-    """Stop ``user``'s running server and start it again with the options it runs with, as
-    JupyterHub's REST API stops and starts servers; the work goes on in the background.
-
-    Returns the restart's status (a dict the background work keeps current), or None when
-    the server is not running (its next start picks the change up)."""
-    spawner = user.spawners[server_name] if server_name in user.orm_spawners else None
-    if spawner is None or not spawner.ready:
-        return None
-    options = copy.deepcopy(spawner.user_options or {})
-    display_name = spawner.orm_spawner.display_name or ""
-    status: dict[str, Any] = {
-        "state": "stopping",
-        "server": server_name,
-        "reason": reason,
-        "message": f"Restarting to {reason}",
-        "started_at": utcnow().isoformat(),
-        "finished_at": None,
-    }
-    log_name = spawner._log_name
-
-    async def restart() -> None:
-        try:
-            handler.log.info("%s: restarting to %s", log_name, reason)
-            stopping = await handler.stop_single_user(user, server_name)
-            await stopping
-            status["state"] = "starting"
-            await handler.spawn_single_user(user, server_name, display_name, options=options)
-            starting = user.spawners[server_name]._spawn_future
-            if starting is not None:
-                await starting
-            status.update(state="done", message=f"Restarted to {reason}")
-            handler.log.info("%s: restarted to %s", log_name, reason)
-        except Exception as e:
-            message = getattr(e, "log_message", None) or str(e)
-            status.update(state="failed", message=f"The restart to {reason} failed: {message}")
-            handler.log.warning("%s: restart to %s failed: %s", log_name, reason, message)
-        finally:
-            status["finished_at"] = utcnow().isoformat()
-
-    task = asyncio.ensure_future(restart())
-    _restarts.add(task)
-    task.add_done_callback(_restarts.discard)
-    return status
 
 
 @contextmanager
@@ -309,12 +261,14 @@ class DiskActionHandler(DiskAPIHandler):
                     "first (that restarts it), or stop that server.",
                 )
         self._check_not_pending(spawner, server_name)
+        before = disk
         if other != server_name:
             disk = await self.store_call(user, "attach", disk.name, server_name)
-            self.log.info("%s: disk %s attached to %r", user.name, disk.name, server_name)
         restart = None
         if not self._mounted(spawner, disk.name):
-            restart = await restart_server(self, user, server_name, f"mount disk {disk.name}")
+            restart = await self._restart(user, server_name, f"mount disk {disk.name}", before)
+        if other != server_name:
+            self.log.info("%s: disk %s attached to %r", user.name, disk.name, server_name)
         return {"disk": self.view(user, disk), "restart": restart}
 
     async def _detach(self, user: Any, disk: Disk, body: dict[str, Any]) -> dict[str, Any]:
@@ -332,12 +286,32 @@ class DiskActionHandler(DiskAPIHandler):
             spawner = self.server(user, server_name)
         # else the named server was deleted: the disk is free to go, nothing runs with it
         self._check_not_pending(spawner, server_name)
+        before = disk
         disk = await self.store_call(user, "detach", disk.name)
-        self.log.info("%s: disk %s detached from %r", user.name, disk.name, server_name)
         restart = None
         if self._mounted(spawner, disk.name):
-            restart = await restart_server(self, user, server_name, f"unmount disk {disk.name}")
+            restart = await self._restart(user, server_name, f"unmount disk {disk.name}", before)
+        self.log.info("%s: disk %s detached from %r", user.name, disk.name, server_name)
         return {"disk": self.view(user, disk), "restart": restart}
+
+    async def _restart(
+        self, user: Any, server_name: str, reason: str, before: Disk
+    ) -> dict[str, Any] | None:
+        """Restart the server with the options it runs with, so the disk is (un)mounted: the
+        status of the restart (spawner/change.py), or None when the server does not run. If
+        the restart is refused (busy, billing away), the disk is put back as it was."""
+        spawner = user.spawners[server_name] if server_name in user.orm_spawners else None
+        if spawner is None or not spawner.ready:
+            return None  # its next start mounts what is attached then
+        try:
+            change = await restart_with(self, user, server_name, reason)
+        except web.HTTPError:
+            if before.attached_to is None:
+                await self.store_call(user, "detach", before.name)
+            else:
+                await self.store_call(user, "attach", before.name, before.attached_to)
+            raise
+        return change.view()
 
     @staticmethod
     def _mounted(spawner: Any, name: str) -> bool:

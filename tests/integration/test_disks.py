@@ -163,7 +163,7 @@ def test_a_disk_moves_only_from_a_stopped_server(platform, storage_billing):
     before = started(platform, "bea", "two")
     r = bea.attach("bea", "data", "two")  # "" is stopped: the disk moves, "two" restarts
     assert r.status_code == 202, r.text
-    assert r.json()["restart"]["server"] == "two"
+    assert r.json()["restart"]["reason"] == "mount disk data"
     wait_restarted(platform, "bea", before, "two")
     assert bea.names("bea") == {"data": "two"}
     home = Path(platform.server_env("bea", "two")["HOME"])
@@ -235,15 +235,24 @@ def test_nobody_touches_another_users_disks(platform, storage_billing):
 def test_without_billing_no_disk_is_created_or_deleted(platform, storage_billing):
     eve = user(platform, "eve")
     assert eve.create("eve", {"name": "kept", "size_gb": 1}).status_code == 201
+    assert platform.spawn("eve", CPU).status_code in (201, 202)
+    before = started(platform, "eve")
     platform.stop_billing()
     try:
         r = eve.create("eve", {"name": "new", "size_gb": 1})
         assert r.status_code == 503 and "nothing was created" in r.json()["message"]
         r = eve.delete("eve", "kept")
         assert r.status_code == 503 and "nothing was deleted" in r.json()["message"]
+        # the running server could not start again without billing: it keeps running, and
+        # the disk stays detached
+        r = eve.attach("eve", "kept", "")
+        assert r.status_code == 503 and "was not stopped" in r.json()["message"]
         assert eve.names("eve") == {"kept": None}  # the list still answers
+        assert platform.server("eve")["started"] == before
     finally:
         platform.start_billing()
+    platform.stop_server("eve")
     assert not disk_folder(platform, "eve", "new").exists()
     assert disk_folder(platform, "eve", "kept").is_dir()
-    assert [s["server_name"] for s in platform.sessions("eve")] == ["disk:kept"]
+    disks = [s for s in platform.sessions("eve") if s["price_class"] == "storage"]
+    assert [s["server_name"] for s in disks] == ["disk:kept"]  # the refused one never metered
