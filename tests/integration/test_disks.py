@@ -109,6 +109,12 @@ def test_a_disk_attached_to_a_running_server_appears_in_its_home(platform, stora
     ]
     [listed] = alice.list("alice").json()["disks"]
     assert listed["attached_running"] is True and listed["path"] == path
+    # the server API shows the server's disks; the server's own token (the Lab extension's)
+    # may use the disk API for its user
+    r = alice.s.get(f"{platform.url}/hub/gputap/api/users/alice/server", timeout=30)
+    assert r.status_code == 200 and r.json()["disks"] == [{"name": "data", "path": path}]
+    own = Disks(platform, platform.server_env("alice")["JUPYTERHUB_API_TOKEN"])
+    assert own.names("alice") == {"data": ""}
 
     # written inside the server, through its contents API: it lands on the disk
     r = requests.put(
