@@ -136,6 +136,7 @@ def apply(c: Any, settings: Settings) -> None:
     _services(c, settings, hub_token)
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
+    _disks(c, spawner.get("disks") or {})
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -182,6 +183,26 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+
+
+def _disks(c: Any, disks: dict[str, Any]) -> None:
+    """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub."""
+    from spawner import disk_api
+
+    limits = {"max_size_gb": 100, "max_disks": 5}
+    for key in limits:
+        value = disks.get(key, limits[key])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"spawner.disks.{key} must be a whole number from 1, not {value!r}")
+        limits[key] = value
+    c.GPUSpawnerMixin.disk_max_size_gb = limits["max_size_gb"]
+    c.GPUSpawnerMixin.max_disks = limits["max_disks"]
+    if disks.get("root"):
+        c.GPULocalSpawner.disk_root = str(disks["root"])
+    c.GPUKubeSpawner.disk_storage_class = str(disks.get("storage_class") or "")
+
+    # its scope (DISKS_SCOPE) is defined with the server API's, in _server_api_scopes
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *disk_api.handlers]
 
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:

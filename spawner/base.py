@@ -21,6 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
+from .disks import Disk, DiskError, DiskStore
 from .form import Choice, course_offers, options_from_form, preview_answer, render_form
 from .placement import (
     CardRequest,
@@ -165,6 +166,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """,
     )
 
+    disk_max_size_gb = Integer(
+        100,
+        config=True,
+        help="""Largest data disk a user may create, in GB.
+
+        c.GPULocalSpawner.disk_max_size_gb = 500
+        """,
+    )
+
+    max_disks = Integer(
+        5,
+        config=True,
+        help="""Most data disks one user may have.
+
+        c.GPULocalSpawner.max_disks = 10
+        """,
+    )
+
     @default("options_form")
     def _default_options_form(self):
         return self._gputap_options_form
@@ -191,6 +210,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
     #: while the admission's hold has not become the billing session, ``started_at`` once
     #: metering may have begun
     gpu: dict[str, Any] | None = None
+
+    #: the disks this server mounted at its start: [{"name", "path"}] (kept in its state)
+    mounted_disks: list[dict[str, str]] | None = None
 
     _base_start_timeout: int | None = None
 
@@ -220,6 +242,56 @@ class GPUSpawnerMixin(LoggingConfigurable):
     @property
     def _log_name(self) -> str:
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    # -- data disks ----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> DiskStore:
+        """The user's data disks (spawner/disks.py); each backend provides its store."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    def disk_path(self, name: str) -> str:
+        """Where disk ``name`` appears inside this user's servers; each backend says."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    async def disks_to_mount(self) -> list[Disk]:
+        """The disks attached to this server, read as it starts; they become its
+        ``mounted_disks`` (and $GPUTAP_DISKS)."""
+        try:
+            disks = await self.disk_store.attached(self.user.name, self.name)
+        except DiskError as e:
+            raise web.HTTPError(e.status, e.message) from None
+        self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
+        if disks:
+            names = ", ".join(d.name for d in disks)
+            self.log.info("%s: mounting disks %s", self._log_name, names)
+        return disks
+
+    async def attached_disks_view(self) -> list[dict[str, Any]]:
+        """The data disks of the running server, as the server API shows them:
+        ``[{"name", "path"}]``, the disks it mounted at its start (none once stopped)."""
+        return [dict(d) for d in self.mounted_disks or []]
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        # the Lab extension shows the server's disks from here
+        env["GPUTAP_DISKS"] = json.dumps(self.mounted_disks or [])
+        return env
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.mounted_disks is not None:
+            state["gputap_disks"] = self.mounted_disks
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        disks = state.get("gputap_disks")
+        self.mounted_disks = [dict(d) for d in disks] if disks is not None else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.mounted_disks = None
 
     # -- prices and choices --------------------------------------------------------------
 
@@ -362,11 +434,6 @@ class GPUSpawnerMixin(LoggingConfigurable):
         request = options.request
         return self._decide_in_turn(request, self._log_name, wanted_key(request), view, prices)
 
-    async def attached_disks_view(self) -> list[dict[str, Any]]:
-        """The data disks this server has attached, as the server API shows them
-        (``[{"name", "path"}]``); none until a backend keeps disks."""
-        return []
-
     def wake_queue(self) -> None:
         """Wake whoever is first in line if what they wait for fits now (backends say
         what is free: on Kubernetes, what an on-demand server could take)."""
@@ -498,7 +565,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
             except BillingUnavailable:
                 delay = min(delay * 2, 60)
             except BillingRefused as e:
-                self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
+                if e.status != 404:  # 404: the start never reached billing, nothing to close
+                    self.log.error(
+                        "%s: billing refused to close %s: %s", self._log_name, session_id, e
+                    )
                 return
         self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 
