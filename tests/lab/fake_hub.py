@@ -248,8 +248,7 @@ class DisksHandler(HubHandler):
     def disks_json(self) -> dict[str, Any]:
         return {
             "disks": list(self.state.disks.values()),
-            "max_disks": self.state.max_disks,
-            "max_size_gb": self.state.max_size_gb,
+            "limits": {"max_disks": self.state.max_disks, "max_size_gb": self.state.max_size_gb},
             "price_per_gb_hour_micro": 140,
             "price_per_gb_hour": "0.00014",
             "currency": "credits",
@@ -325,7 +324,8 @@ class DiskActionHandler(DiskHandler):
             "started_at": NOW,
             "finished_at": None,
         }
-        self.answer(202, self.state.change)
+        # as the hub: the disk and the restart's status
+        self.answer(202, {"disk": disk, "restart": self.state.change})
 
 
 SERVER = r"/hub/gputap/api/users/([^/]+)/(?:server|servers/([^/]+))"

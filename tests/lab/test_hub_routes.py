@@ -137,7 +137,7 @@ def test_change_bad_input(server, state, body, message):
 def test_disks_lifecycle(server, state):
     listing = server.get("gputap/disks").json()
     assert listing["disks"] == []
-    assert listing["max_size_gb"] == 100
+    assert listing["limits"]["max_size_gb"] == 100
     assert listing["price_per_gb_hour_micro"] == 140
 
     created = server.post("gputap/disks", json={"name": "data", "size_gb": 20})
@@ -151,7 +151,7 @@ def test_disks_lifecycle(server, state):
 
     attached = server.post("gputap/disks/data/attach")
     assert attached.status_code == 202
-    assert attached.json()["state"] == "stopping"
+    assert attached.json()["restart"]["state"] == "stopping"
     # attached to this server: the extension names it for the hub
     assert state.seen[-1].body == {"server": ""}
     assert server.get("gputap/disks").json()["disks"][0]["attached_to"] == ""

@@ -79,7 +79,7 @@ export class DisksSection {
       fill(this._list, h('p', { class: disksError ? 'gputap-error' : 'gputap-muted' }, disksError || '…'));
       return;
     }
-    this._size.max = String(disks.max_size_gb);
+    this._size.max = String(disks.limits.max_size_gb);
     this._showPrice();
     if (!disks.disks.length) {
       fill(this._list, h('p', { class: 'gputap-muted' }, 'No disks yet.'));
@@ -154,7 +154,7 @@ export class DisksSection {
     const size = Number(this._size.value);
     const perGB = disks.price_per_gb_hour_micro;
     const currency = disks.currency || this._model.currency;
-    const limit = `up to ${disks.max_size_gb} GB, ${disks.max_disks} disks`;
+    const limit = `up to ${disks.limits.max_size_gb} GB, ${disks.limits.max_disks} disks`;
     if (!Number.isInteger(size) || size < 1) {
       fill(this._price, `${formatCredits(perGB, 6)} ${currency} per GB-hour · ${limit}`);
       return;
@@ -169,7 +169,7 @@ export class DisksSection {
   private async _createDisk(): Promise<void> {
     const name = this._name.value.trim();
     const size = Number(this._size.value);
-    const max = this._model.disks?.max_size_gb ?? Infinity;
+    const max = this._model.disks?.limits.max_size_gb ?? Infinity;
     if (!DISK_NAME.test(name)) {
       fill(this._message, 'A disk name is 1 to 32 of a-z, 0-9 and -, starting with a letter.');
       return;
@@ -202,7 +202,14 @@ export class DisksSection {
     if (!ok) {
       return;
     }
-    await this._restart(() => sendJSON<IChangeStatus>(`disks/${encodeURIComponent(disk.name)}/${action}`, {}));
+    // the hub answers with the disk and the status of the restart that mounts it
+    await this._restart(async () => {
+      const answer = await sendJSON<{ restart: IChangeStatus }>(
+        `disks/${encodeURIComponent(disk.name)}/${action}`,
+        {}
+      );
+      return answer.restart;
+    });
   }
 
   private async _delete(disk: IDisk): Promise<void> {

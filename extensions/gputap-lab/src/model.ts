@@ -123,8 +123,7 @@ export interface IDisk {
 
 export interface IDisks {
   disks: IDisk[];
-  max_disks: number;
-  max_size_gb: number;
+  limits: { max_disks: number; max_size_gb: number };
   price_per_gb_hour_micro: number;
   currency?: string;
 }
