@@ -125,7 +125,7 @@ class CoursesHandler(CourseHandler):
         if not await self.may_teach():
             raise web.HTTPError(403, "Only instructors may create courses; ask an admin")
         body = self.body()
-        skus = set((await self.blocking(self.store.price_book_at))[1].configured())
+        skus = set((await self.blocking(self.store.price_book_at))[1].skus())
         try:
             rules = course_rules(body, skus | self._slice_skus(body, skus))
         except ValueError as e:
@@ -327,7 +327,7 @@ class CoursesPageHandler(CourseHandler):
             teaching=teaching,
             taught=[course_view(c, full=True) for c in taught],
             usage=usage,
-            options=sorted(s for s in book.configured() if s != "cpu"),
+            options=sorted(s for s in book.skus() if s != "cpu"),
             weekdays=WEEKDAYS,
             api_base=self.request.path.rsplit("/courses", 1)[0] + "/api/",
             xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,

@@ -3,6 +3,10 @@
 :func:`sessions_to_stop` is the pure decision; :class:`Enforcer` runs it periodically and
 asks the hub to stop servers. The hub's spawner then settles the session itself
 (``POST api/sessions/{id}/stop``); files are never touched.
+
+Data disks (storage sessions) are never stopped: their cost counts in how fast the money
+drains, so servers beside them stop sooner, but a disk stays, and with disks alone the
+balance may go below zero (new servers are then refused at admission).
 """
 
 from __future__ import annotations
@@ -30,18 +34,19 @@ DEFAULT_REPEAT_AFTER = timedelta(seconds=30)
 def sessions_to_stop(
     accounts: Iterable[AccountState], now: datetime, interval_seconds: float
 ) -> list[SessionRecord]:
-    """Open sessions whose money would not last until the next check.
+    """Open server sessions whose money would not last until the next check.
 
     Sessions are judged by what pays for them (``AccountState.funding_groups``): a course's
     sessions its allowance alone pays run out with that allowance; the others with the
-    account's credit. A group is stopped when what it has <= what it costs in one interval.
+    account's credit. A group's servers are stopped when what it has <= what it costs in one
+    interval, data disks' cost included; its disks are never stopped.
     """
     stop: list[SessionRecord] = []
     for account in accounts:
         for _, available, sessions in account.funding_groups(now):
             rate = sum(s.rate_per_hour_micro for s in sessions)
             if available <= cost_micro(rate, 1, math.ceil(interval_seconds)):
-                stop.extend(sessions)
+                stop.extend(s for s in sessions if not s.is_storage)
     return stop
 
 

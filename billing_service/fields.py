@@ -13,6 +13,7 @@ from typing import Any
 from tornado import web
 
 from .money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
+from .pricing import PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
 #: idempotency keys join several fields ("user:{username}:allowance:{course}", "grant:{key}",
@@ -99,10 +100,13 @@ def parse_time(text: str, what: str) -> datetime:
 
 
 def price_class_field(body: dict[str, Any]) -> str:
+    """``on-demand`` (the default), ``spot``, or ``storage`` (data disks, sku ``disk``)."""
     value = body.get("price_class", "on-demand")
-    if value not in ("on-demand", "spot"):
+    if value not in PRICE_CLASSES:
         raise web.HTTPError(
-            400, f"Field 'price_class' must be 'on-demand' or 'spot', not {value!r}"
+            400,
+            f"Field 'price_class' must be 'on-demand', 'spot' or 'storage' (data disks), "
+            f"not {value!r}",
         )
     return value
 

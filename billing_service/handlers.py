@@ -30,7 +30,7 @@ from .fields import (
     time_field,
 )
 from .money import format_credits, parse_credits
-from .pricing import make_price_book
+from .pricing import PRICE_CLASSES, make_price_book
 from .store import NotFound, Store
 from .usage import daily_gpu_hours, usage_csv
 from .views import (
@@ -217,14 +217,14 @@ class PricesHandler(APIHandler):
         version, book = await self.blocking(self.store.price_book_at)
         asked = self.get_arguments("sku")
         price_class = self.get_argument("price_class", "on-demand")
-        if price_class not in ("on-demand", "spot"):
+        if price_class not in PRICE_CLASSES:
             raise web.HTTPError(
-                400, f"price_class must be 'on-demand' or 'spot', not {price_class!r}"
+                400,
+                "price_class must be 'on-demand', 'spot' or 'storage' (data disks, per "
+                f"GB-hour), not {price_class!r}",
             )
-        if asked:
-            prices, unpriced = book.lookup(asked, price_class)
-        else:
-            prices, unpriced = book.lookup(book.configured(), price_class)
+        # storage prices only the disk (per GB-hour); on-demand and spot only servers
+        prices, unpriced = book.lookup(asked or book.skus(price_class), price_class)
         result: dict[str, Any] = {
             "currency": self.currency,
             "min_billable_seconds": self.store.min_billable_seconds,
@@ -365,7 +365,16 @@ class SessionsHandler(APIHandler):
                 course=course,
             )
         )
-        if created:
+        if created and session.is_storage:
+            log.info(
+                "Started storage session %s of %s/%s: %s GB at %s per GB-hour",
+                session.id,
+                username,
+                server_name,
+                count,
+                format_credits(session.price_per_hour_micro),
+            )
+        elif created:
             log.info(
                 "Started session %s of %s/%s: %s x %s at %s/h",
                 session.id,
@@ -602,6 +611,7 @@ class PageHandler(BaseHandler):
             xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
             when=page_time,
             duration=page_duration,
+            rate=lambda s: format_credits(s["price_per_hour_micro"] * s["count"]),
         )
 
 

@@ -57,6 +57,7 @@ from .pod_facts import (
     pod_facts,
     vanished_end,
 )
+from .pricing import STORAGE
 from .store import Store
 
 log = logging.getLogger("billing.meter")
@@ -95,11 +96,15 @@ def bind_pod(engine: Engine, facts: PodFacts, now: datetime) -> None:
 
 
 def open_metered_sessions(engine: Engine, namespace: str) -> list[MeteredSession]:
-    """Open sessions bound to a pod in ``namespace``."""
+    """Open sessions bound to a pod in ``namespace`` (never a data disk's: no pod runs it)."""
     query = (
         select(SessionPod, BillingSession)
         .join(BillingSession, BillingSession.id == SessionPod.session_id)
-        .where(BillingSession.ended_at.is_(None), SessionPod.namespace == namespace)
+        .where(
+            BillingSession.ended_at.is_(None),
+            SessionPod.namespace == namespace,
+            BillingSession.price_class != STORAGE,
+        )
         .order_by(BillingSession.started_at, BillingSession.id)
     )
     with Session(engine) as db:
@@ -265,6 +270,15 @@ class KubeMeter:
                 self._refused.add(facts.session_id)
                 log.error(
                     "Metering: cannot bill %s (session %s): %s", facts.target, facts.session_id, e
+                )
+            return None
+        if record.is_storage:  # the pod names a data disk's session: not a server to meter
+            if facts.session_id not in self._refused:
+                self._refused.add(facts.session_id)
+                log.error(
+                    "Metering: cannot bill %s: session %s is a data disk's, not a server's",
+                    facts.target,
+                    facts.session_id,
                 )
             return None
         if record.ended_at is not None:

@@ -3,6 +3,10 @@
 A SKU is a card ("A100-80GB"), CPU only ("cpu"), or a MIG slice "CARD/PROFILE"
 ("A100-80GB/1g.10gb"). A slice without an explicit price costs the card's price times
 its share of the card's compute, g/7 for a "<g>g.<m>gb" profile, rounded half up.
+
+Data disks are the one storage SKU, "disk": credits per GB-hour (a session's count is the
+disk's size in GB), in the price class "storage" and no other; ``billing.prices.disk`` sets
+it, else ``DEFAULT_DISK_PRICE_MICRO``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,43 @@ MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
 SHARED = "shared"
 MIG_SLICES_PER_CARD = 7
 
+#: the storage SKU: a data disk, priced per GB-hour, metered from creation to deletion
+DISK = "disk"
+#: the price class of storage sessions; servers are "on-demand" or "spot"
+STORAGE = "storage"
+PRICE_CLASSES = ("on-demand", "spot", STORAGE)
+#: a disk's price when ``billing.prices`` names none: 0.0002 credits per GB-hour
+#: (a 100 GB disk costs 0.02 an hour, 14.40 over 30 days)
+DEFAULT_DISK_PRICE_MICRO = 200
+
+
+def check_price_class(sku: str, price_class: str) -> None:
+    """``ValueError`` saying what to send when ``price_class`` is unknown or does not fit
+    ``sku``: "storage" is for data disks ("disk") only, and a disk is only priced as storage."""
+    if price_class not in PRICE_CLASSES:
+        raise ValueError(
+            f"price_class must be 'on-demand', 'spot' or 'storage', not {price_class!r}"
+        )
+    if price_class == STORAGE and sku != DISK:
+        raise ValueError(
+            f"price_class 'storage' is for data disks only (sku 'disk', count = size in GB), "
+            f"not for {sku!r}: servers are 'on-demand' or 'spot'"
+        )
+    if sku == DISK and price_class != STORAGE:
+        raise ValueError(
+            f"sku 'disk' is a data disk, priced per GB-hour: send price_class 'storage', "
+            f"not {price_class!r}"
+        )
+
 
 @dataclass(frozen=True)
 class PriceBook:
-    """Prices in micro-credits per hour. ``cards`` includes "cpu"; ``slices`` is explicit."""
+    """Prices in micro-credits per hour. ``cards`` includes "cpu"; ``slices`` is explicit;
+    ``storage`` is per GB-hour ("disk")."""
 
     cards: Mapping[str, int] = field(default_factory=dict)
     slices: Mapping[str, int] = field(default_factory=dict)
+    storage: Mapping[str, int] = field(default_factory=lambda: {DISK: DEFAULT_DISK_PRICE_MICRO})
     spot_discount_percent: int = 60
     #: a time-sliced share of a GPU ("CARD/shared") costs this share of the card's price
     shared_percent: int = 25
@@ -32,7 +66,10 @@ class PriceBook:
         """Micro-credits per hour for one unit of ``sku``; None when it has no price.
 
         Spot (interruptible) costs the on-demand price less ``spot_discount_percent``,
-        rounded half up to the micro-credit."""
+        rounded half up to the micro-credit. Storage ("disk") has a price in the class
+        "storage" only, and nothing else has one there."""
+        if price_class == STORAGE or sku == DISK:
+            return self.storage.get(sku) if price_class == STORAGE else None
         on_demand = self._on_demand(sku)
         if on_demand is None or price_class == "on-demand":
             return on_demand
@@ -58,8 +95,16 @@ class PriceBook:
         return (2 * self.cards[card] * g + MIG_SLICES_PER_CARD) // (2 * MIG_SLICES_PER_CARD)
 
     def configured(self) -> dict[str, int]:
-        """Every SKU with a price written in the settings (cards, cpu, explicit slices)."""
-        return {**self.cards, **self.slices}
+        """Every SKU with a price of its own (cards, cpu, explicit slices, disk): the book
+        as stored and shown."""
+        return {**self.cards, **self.slices, **self.storage}
+
+    def skus(self, price_class: str = "on-demand") -> list[str]:
+        """The SKUs the book prices in ``price_class``: servers (cards, cpu, explicit slices)
+        for on-demand and spot, data disks for storage."""
+        if price_class == STORAGE:
+            return list(self.storage)
+        return [*self.cards, *self.slices]
 
     def lookup(
         self, skus: Iterable[str], price_class: str = "on-demand"
@@ -80,11 +125,15 @@ class PriceBook:
 def make_price_book(
     prices: Mapping[str, object], spot_discount_percent: int = 60, shared_percent: int = 25
 ) -> PriceBook:
-    """Build the price book from ``billing.prices``; ``ValueError`` names a bad key."""
+    """Build the price book from ``billing.prices``; ``ValueError`` names a bad key.
+
+    ``disk`` is credits per GB-hour; without it disks cost ``DEFAULT_DISK_PRICE_MICRO``, and
+    the book records that price, so a stored version always says what disks cost."""
     if not isinstance(prices, Mapping):
         raise ValueError("billing.prices must be a mapping of SKU to credits per hour")
     cards: dict[str, int] = {}
     slices: dict[str, int] = {}
+    storage = {DISK: DEFAULT_DISK_PRICE_MICRO}
     for sku, value in prices.items():
         micro = parse_credits(value, f"billing.prices[{sku!r}]")
         if micro < 0:
@@ -94,8 +143,15 @@ def make_price_book(
                 f"billing.prices[{sku!r}] must be at most {format_credits(MAX_PRICE_MICRO)} "
                 f"credits per hour, not {value!r}"
             )
-        if "/" in str(sku):
+        if sku == DISK:
+            storage[DISK] = micro
+        elif "/" in str(sku):
             card, _, profile = str(sku).partition("/")
+            if card == DISK:
+                raise ValueError(
+                    f"billing.prices[{sku!r}]: a disk is priced per GB-hour as 'disk', "
+                    "it has no slices"
+                )
             if not card or not (MIG_PROFILE.match(profile) or profile == SHARED):
                 raise ValueError(
                     f"billing.prices[{sku!r}]: a slice price needs CARD/<g>g.<m>gb or "
@@ -115,6 +171,7 @@ def make_price_book(
     return PriceBook(
         cards=cards,
         slices=slices,
+        storage=storage,
         spot_discount_percent=spot_discount_percent,
         shared_percent=shared_percent,
     )

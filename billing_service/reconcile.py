@@ -9,7 +9,9 @@ restarted and forgot to retry). The rule, also in docs/billing.md:
 - at the last time billing saw the hub (or the cluster) report it (``last_seen_at``, kept in
   the database, so a restart of billing does not forget it), or at its start if it never did
   (billing does not charge time it cannot vouch for);
-- a pass that cannot read the hub closes nothing.
+- a pass that cannot read the hub closes nothing;
+- data disks' storage sessions are no servers: they are never looked up or closed here (the
+  hub stops them when it deletes the disk).
 
 :func:`sessions_to_close` is the pure decision; :class:`Reconciler` runs it periodically.
 """
@@ -41,10 +43,14 @@ def sessions_to_close(
     missing: dict[str, int],
     now: datetime,
 ) -> list[tuple[SessionRecord, datetime]]:
-    """Update ``seen`` / ``missing`` from one look at the hub; return (session, end) pairs."""
+    """Update ``seen`` / ``missing`` from one look at the hub; return (session, end) pairs.
+
+    Storage sessions (data disks) are skipped: the hub runs no server for them."""
     close = []
     open_ids = set()
     for session in sessions:
+        if session.is_storage:
+            continue
         open_ids.add(session.id)
         if (session.username, session.server_name) in present:
             seen[session.id] = now
@@ -105,7 +111,7 @@ class Reconciler:
         """One pass; returns the sessions it closed."""
         now = now or clock.utcnow()
         accounts = await self.load_accounts(now)
-        sessions = [s for account in accounts for s in account.running]
+        sessions = [s for account in accounts for s in account.servers]
         present: set[tuple[str, str]] = set()
         try:
             for username in {s.username for s in sessions}:

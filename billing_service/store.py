@@ -11,6 +11,12 @@ Charges: while a session runs, interval charges bring what it has been charged u
 of its first ``k × interval`` seconds, under the key ``charge:{session}:{k}``; the stop posts
 ``charge:{session}:final`` for the rest (or credits back what interval charges took beyond the
 final cost, when the stop time arrives late). A replay of any key changes nothing.
+
+Storage sessions (price class "storage", sku "disk", count = GB) are data disks, metered from
+creation to deletion and charged exactly like servers, from the user's own credit (trial, then
+paid; never a course's allowance). They take no admission or hold, and nothing here or in
+enforcement stops them: their cost drains the credit and may take it below zero, and then new
+servers are refused until credit is added.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from .orm import (
     Posting,
     PriceBookVersion,
 )
-from .pricing import PriceBook, make_price_book
+from .pricing import DISK, STORAGE, PriceBook, check_price_class, make_price_book
 
 T = TypeVar("T")
 
@@ -95,6 +101,11 @@ class SessionRecord:
     @property
     def rate_per_hour_micro(self) -> int:
         return self.price_per_hour_micro * self.count
+
+    @property
+    def is_storage(self) -> bool:
+        """A data disk's session: never stopped, not a server on the hub, not GPU time."""
+        return self.price_class == STORAGE
 
     def seconds_at(self, now: datetime) -> int:
         """Billed seconds: final when ended, so far (until ``now``) when running."""
@@ -157,10 +168,21 @@ class AccountState:
 
     @property
     def rate_per_hour_micro(self) -> int:
+        """What the open sessions cost per hour together, data disks included."""
         return sum(s.rate_per_hour_micro for s in self.running)
 
+    @property
+    def servers(self) -> tuple[SessionRecord, ...]:
+        """Open sessions of servers (on the hub, stopped when credit runs out)."""
+        return tuple(s for s in self.running if not s.is_storage)
+
+    @property
+    def disks(self) -> tuple[SessionRecord, ...]:
+        """Open storage sessions: data disks, never stopped by billing."""
+        return tuple(s for s in self.running if s.is_storage)
+
     def running_cost_at(self, now: datetime) -> int:
-        """What the running servers have cost so far (charged or not)."""
+        """What the open sessions (servers and disks) have cost so far (charged or not)."""
         return sum(s.cost_at(now) for s in self.running)
 
     def available_at(self, now: datetime) -> int:
@@ -184,21 +206,22 @@ class AccountState:
             groups.append((course, self.course_available_at(course, now), sessions))
         rest = tuple(s for s in self.running if not s.course or s.fallback)
         if rest:
-            # every pool but the allowances of courses that pay alone (theirs, above)
-            theirs = sum(
-                v
-                for c, v in self.pools.items()
-                if any(c.endswith(f":allowance:{k}") for k in alone)
-            )
+            # the user's own pools and the allowances of the courses of these sessions (a
+            # student who pays on); other allowances pay for none of them, disks included
+            usable = {
+                ledger.pool_code(self.username, "allowance", s.course) for s in rest if s.course
+            }
+            theirs = sum(v for c, v in self.pools.items() if ":allowance:" in c and c not in usable)
             available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
             groups.append(("", available, rest))
         return groups
 
     def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
         """Credit a new server may claim: available less active holds, and less the rest of
-        the minimum period of servers younger than it (a started hold keeps holding)."""
+        the minimum period of servers younger than it (a started hold keeps holding; disks
+        have no minimum period)."""
         reserved = self.held_micro
-        for s in self.running:
+        for s in self.servers:
             minimum = cost_micro(s.price_per_hour_micro, s.count, min_billable_seconds)
             reserved += max(minimum - s.cost_at(now), 0)
         return self.available_at(now) - reserved
@@ -296,6 +319,21 @@ WRITE_ATTEMPTS = 4
 def _deadlock(error: OperationalError) -> bool:
     """PostgreSQL chose this transaction as a deadlock (or serialization) victim."""
     return getattr(error.orig, "sqlstate", None) in ("40P01", "40001")
+
+
+def check_storage_session(server_name: str, hold_id: str | None, course: str) -> None:
+    """``ValueError`` naming the field when a storage session's request does not fit one."""
+    if not server_name.startswith("disk:") or server_name == "disk:":
+        raise ValueError(
+            f"server_name: a data disk's storage session is named 'disk:NAME', not {server_name!r}"
+        )
+    if hold_id:
+        raise ValueError("hold_id: data disks take no admission, so no hold")
+    if course:
+        raise ValueError(
+            "course: a course's hours never pay for data disks; they are paid from the "
+            "user's own credit (trial, then paid)"
+        )
 
 
 def _not_found(username: str) -> NotFound:
@@ -721,7 +759,9 @@ class Store(CourseOps):
         return versions[0]
 
     def price(self, sku: str, price_class: str = "on-demand", at: datetime | None = None) -> int:
-        """Micro-credits per hour of ``sku`` at ``at`` (now); ``UnknownSku`` says what to do."""
+        """Micro-credits per hour of ``sku`` at ``at`` (now); ``UnknownSku`` says what to do,
+        ``ValueError`` when the price class does not fit the SKU."""
+        check_price_class(sku, price_class)
         price = self.price_book_at(at)[1].price(sku, price_class)
         if price is None:
             raise UnknownSku(
@@ -750,7 +790,13 @@ class Store(CourseOps):
         With ``idempotency_key`` the hold's id is that key: asking again (a retried request)
         answers with the same hold instead of placing a second one. With ``course`` the
         course's rules must allow it (``ValueError`` names the rule) and its allowance this
-        week pays, or the student's own credit if they opted in."""
+        week pays, or the student's own credit if they opted in. Data disks need no
+        admission (``ValueError``): their storage session opens when the disk is created."""
+        if sku == DISK or price_class == STORAGE:
+            raise ValueError(
+                "Data disks need no admission: open the disk's storage session with "
+                "POST api/sessions (sku 'disk', price_class 'storage') when it is created"
+            )
         price = self.price(sku, price_class)
         rate = price * count
         needed = cost_micro(price, count, self.min_billable_seconds)
@@ -836,6 +882,12 @@ class Store(CourseOps):
                 f"you have {format_credits(max(free, 0))} available{claimed}. "
                 "Stop a running server or ask an admin for credit."
             )
+            if state.disks:
+                disks = sum(s.rate_per_hour_micro for s in state.disks)
+                message += (
+                    f" Your data disks cost {format_credits(disks)}/h while they exist; "
+                    "delete one you no longer need."
+                )
         return Admission(
             allowed=allowed,
             sku=sku,
@@ -917,7 +969,13 @@ class Store(CourseOps):
         course: str = "",
     ) -> tuple[SessionRecord, bool]:
         """Record a started server, priced by the book in force when it started; the same id
-        returns the first record. ``hold_id`` (its admission's hold) is released as started."""
+        returns the first record. ``hold_id`` (its admission's hold) is released as started.
+
+        A data disk's storage session (sku "disk", price class "storage", count = GB) is named
+        "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise)."""
+        check_price_class(sku, price_class)
+        if price_class == STORAGE:
+            check_storage_session(server_name, hold_id, course)
 
         def work(db: Session) -> tuple[SessionRecord, bool]:
             existing = db.get(BillingSession, session_id)

@@ -29,8 +29,9 @@ CSV_COLUMNS = (
 
 
 def gpus(session: SessionRecord) -> int:
-    """GPUs a session holds: its count, or none for CPU only (a slice or share counts one)."""
-    return 0 if session.sku == "cpu" else session.count
+    """GPUs a session holds: its count, or none for CPU only and data disks (whose count is
+    GB); a slice or share counts one."""
+    return 0 if session.sku == "cpu" or session.is_storage else session.count
 
 
 def daily_gpu_hours(

@@ -42,9 +42,11 @@ def warnings_view(
     rate_per_hour_micro: int,
     thresholds: tuple[int, ...],
     course: str = "",
+    servers: bool = True,
 ) -> list[dict[str, Any]]:
     """The "credit runs out soon" warning for the smallest threshold crossed, if any; for a
-    course's sessions (``course``), about its hours this week."""
+    course's sessions (``course``), about its hours this week; with no ``servers`` (data
+    disks alone), that nothing stops and new servers are refused."""
     if seconds_left is None:
         return []
     crossed = [t for t in thresholds if seconds_left <= t]
@@ -53,6 +55,13 @@ def warnings_view(
     threshold = min(crossed)
     left = "no" if seconds_left <= 0 else f"about {format_duration_short(seconds_left)} of"
     what = f"course {course} hours this week" if course else "credit"
+    then = (
+        "running servers stop when it runs out (files are kept). Stop a server or ask for "
+        "credit to keep going."
+        if servers
+        else "data disks are never stopped: the balance goes below zero and new servers are "
+        "refused until credit is added. Delete a disk you no longer need or ask for credit."
+    )
     return [
         {
             "threshold_seconds": threshold,
@@ -60,8 +69,7 @@ def warnings_view(
             "course": course or None,
             "message": (
                 f"{left[0].upper()}{left[1:]} {what} left at "
-                f"{format_credits(rate_per_hour_micro)}/h; running servers stop when it runs "
-                "out (files are kept). Stop a server or ask for credit to keep going."
+                f"{format_credits(rate_per_hour_micro)}/h; {then}"
             ),
         }
     ]
@@ -75,10 +83,11 @@ def format_duration_short(seconds: int) -> str:
 def account_view(
     state: AccountState, now: datetime, currency: str, warning_seconds: tuple[int, ...] = ()
 ) -> dict[str, Any]:
-    """Balance, what running servers cost so far, and how long the rest lasts.
+    """Balance, what open sessions cost so far, and how long the rest lasts.
 
-    ``balance`` already includes the interval charges of running servers; ``available`` is
-    the balance less what they cost beyond those charges."""
+    ``balance`` already includes the interval charges of open sessions; ``available`` is
+    the balance less what they cost beyond those charges. Servers are listed in ``running``,
+    data disks in ``storage``; both count in the running cost, the rate and ``seconds_left``."""
     running_cost = state.running_cost_at(now)
     available = state.available_at(now)
     rate = state.rate_per_hour_micro
@@ -110,9 +119,11 @@ def account_view(
                 sum(s.rate_per_hour_micro for s in sessions),
                 warning_seconds,
                 course,
+                servers=any(not s.is_storage for s in sessions),
             )
         ],
-        "running": [session_view(s, now) for s in state.running],
+        "running": [session_view(s, now) for s in state.servers],
+        "storage": [session_view(s, now) for s in state.disks],
         "as_of": now.isoformat(),
     }
 

@@ -186,3 +186,15 @@ def test_instructors_grant_extra_hours_once_per_key(store):
     assert store.student_courses("stu", T0)[0].left_micro == 12_000_000
     with pytest.raises(ValueError, match="not a student"):
         store.extra_hours("dl101", "nobody", 1, "x", "x2", "prof", T0)
+
+
+def test_an_unused_allowance_does_not_keep_a_server_running_on_no_credit(store):
+    """A course's allowance pays only that course's sessions: a server outside it is stopped
+    when the user's own credit runs out (it used to run on, the paid pool sinking unbounded)."""
+    store.open_account("stu", T0)
+    store.grant("stu", "allowance", 3_000_000, "week 1", "a1", T0, course="dl101")
+    store.adjust("stu", -10_000_000, "no trial", "k1", T0)
+    store.start_session("s1", "stu", "", "T4", 1, T0, T0)  # not a course session
+    now = T0 + timedelta(seconds=10)
+    assert [s.id for s in sessions_to_stop([store.account("stu", now)], now, 5)] == ["s1"]
+    store.stop_session("s1", now, now)

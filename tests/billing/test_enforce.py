@@ -10,6 +10,13 @@ def running(sid, price=3_600_000, count=1, user="ada", server=""):
     return SessionRecord(sid, user, server, "X", count, price, T0, None, None, None)
 
 
+def disk(sid, gb=100, price=36_000, user="ada"):
+    """A data disk's storage session: 36_000 micro per GB-hour, 10 micro/s per GB."""
+    return SessionRecord(
+        sid, user, f"disk:{sid}", "disk", gb, price, T0, None, None, None, price_class="storage"
+    )
+
+
 def account(balance, *sessions, user="ada"):
     return AccountState(user, T0, balance, tuple(sessions))
 
@@ -81,3 +88,31 @@ async def test_enforcer_asks_once_per_window():
         ("DELETE", "http://hub/api/users/ada/servers/gpu")
     ] * 2
     assert client.requests[0].headers["Authorization"] == "token secret"
+
+
+def test_disks_drain_the_credit_but_only_servers_are_stopped():
+    now = T0 + timedelta(seconds=60)
+    # 1_000 micro/s server + 1_000 micro/s disk: 120_000 spent, 10_000 left = 5 s of both
+    acct = account(130_000, running("s1", server="gpu"), disk("d1"))
+    assert [s.id for s in sessions_to_stop([acct], now, 5)] == ["s1"]
+    # without the disk's drain the server would last 10 s: the disk counts
+    assert sessions_to_stop([account(70_000, running("s1", server="gpu"))], now, 5) == []
+    # disks alone, credit long gone: nothing to stop
+    assert sessions_to_stop([account(-1_000_000, disk("d1"), disk("d2"))], now, 5) == []
+
+
+async def test_enforcement_never_asks_the_hub_to_stop_a_disk():
+    client = RecordingClient()
+    accounts = [
+        account(0, running("s1", server="gpu"), disk("d1")),
+        account(-5_000_000, disk("d2", user="bo"), user="bo"),
+    ]
+
+    async def load(now):
+        return accounts
+
+    enforcer = Enforcer(
+        load, api_url="http://hub/api", api_token="secret", interval_seconds=5, http_client=client
+    )
+    assert [s.id for s in await enforcer.check(T0)] == ["s1"]
+    assert [r.url for r in client.requests] == ["http://hub/api/users/ada/servers/gpu"]

@@ -1,11 +1,15 @@
 """The billing API through a real JupyterHub and proxy, authenticated by the hub."""
 
+import asyncio
 import re
 import time
 import uuid
+from decimal import Decimal
 
 import pytest
 import requests
+
+from spawner.billing_client import BillingClient
 
 from .hub import Caller, start_hub, stop_hub
 
@@ -494,3 +498,87 @@ def test_warnings_when_credit_runs_low(as_hub, as_ops, hub):
         r"About 1[12] min of credit left at 5\.00/h; running servers stop", warning["message"]
     )
     as_hub("POST", "api/sessions/o1/stop", json={"ended_at": start["started_at"]})
+
+
+def test_data_disks_are_storage_sessions(hub, as_hub, as_ops):
+    # the price the hub's client reads for the create dialog: per GB-hour, storage only
+    book = asyncio.run(BillingClient(hub.billing, hub.hub_token).price_book(["disk"], "storage"))
+    assert book[0] == {"disk": 200}
+    body = as_hub("GET", "api/prices", params={"price_class": "storage"}).json()
+    assert body["prices"] == {"disk": {"per_hour_micro": 200, "per_hour": "0.0002"}}
+    assert "disk" not in as_hub("GET", "api/prices").json()["prices"]
+    r = as_hub("GET", "api/prices", params={"sku": ["disk", "T4"]})
+    assert r.json()["unpriced"] == ["disk"]
+    as_hub("PUT", "api/accounts/una")
+    disk = {
+        "id": "una-disk-1",
+        "username": "una",
+        "server_name": "disk:data",
+        "sku": "disk",
+        "count": 100,
+        "started_at": "2025-01-01T10:00:00Z",
+        "price_class": "storage",
+    }
+    for change, says in [
+        ({"sku": "T4"}, "'storage' is for data disks only"),
+        ({"price_class": "on-demand"}, "send price_class 'storage'"),
+        ({"server_name": "data"}, "named 'disk:NAME'"),
+        ({"course": "dl101"}, "never pay for data disks"),
+        ({"price_class": "premium"}, "'on-demand', 'spot' or 'storage'"),
+    ]:
+        r = as_hub("POST", "api/sessions", json={**disk, **change})
+        assert r.status_code == 400 and says in r.json()["message"], (change, r.text)
+    r = as_hub("POST", "api/admission", json={"username": "una", "sku": "disk", "count": 100,
+                                               "price_class": "storage"})  # fmt: skip
+    assert r.status_code == 400 and "need no admission" in r.json()["message"]
+    r = as_hub("POST", "api/sessions", json=disk)
+    assert r.status_code == 201, r.text
+    assert (r.json()["price_per_hour"], r.json()["state"]) == ("0.0002", "running")
+    assert as_hub("POST", "api/sessions", json=disk).status_code == 200
+    account = user(hub, "una")("GET", "api/me").json()
+    assert account["running"] == [] and [s["id"] for s in account["storage"]] == ["una-disk-1"]
+    assert account["rate_per_hour_micro"] == 20_000 and account["storage"][0]["cost_micro"] > 0
+
+    # out of credit with a disk and a server: only the server is stopped
+    as_ops(
+        "POST",
+        "api/accounts/una/adjustments",
+        json={"amount": "-10", "reason": "spent", "idempotency_key": "una-1"},
+    )
+    gpu = {**disk, "id": "una-gpu", "server_name": "gpu", "sku": "T4", "count": 1}
+    del gpu["price_class"]
+    assert as_hub("POST", "api/sessions", json=gpu).status_code == 201
+    deadline = time.monotonic() + 10
+    while "stop una/gpu" not in hub.log() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.5)  # another enforcement pass or two
+    log = hub.log()
+    assert "Enforcement: hub refused to stop una/gpu: HTTP 404" in log, log[-2000:]
+    assert "stop una/disk" not in log and "users/una/servers/disk" not in log
+    as_hub("POST", "api/sessions/una-gpu/stop", json={"ended_at": "2025-01-01T10:00:00Z"})
+
+    r = as_hub("POST", "api/sessions/una-disk-1/stop", json={"ended_at": "2025-01-01T12:00:00Z"})
+    assert r.status_code == 200
+    assert (r.json()["billed_seconds"], r.json()["cost_micro"]) == (7200, 40_000)
+    assert as_ops("GET", "api/ledger/check").json() == {"ok": True, "problems": []}
+
+
+def test_the_page_lists_data_disks_with_size_price_and_cost(hub, as_hub):
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    disk = {"id": "vic-disk", "username": "vic", "server_name": "disk:scratch", "sku": "disk",
+            "count": 500, "started_at": start, "price_class": "storage"}  # fmt: skip
+    assert as_hub("POST", "api/sessions", json=disk).status_code == 201
+    browser = requests.Session()
+    login = browser.get(hub.billing, timeout=10)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login.text).group(1)
+    page = browser.post(
+        login.url, data={"username": "vic", "password": "x", "_xsrf": xsrf}, timeout=10
+    )
+    row = re.search(r'<tr class="disk".*?</tr>', page.text, re.S).group(0)
+    assert ">scratch<" in row and 'class="num size">500 GB<' in row
+    assert ">0.0002<" in row and ">0.10<" in row  # per GB-hour, and 500 GB per hour
+    # an hour (and the seconds of the request) at 0.10/h
+    cost = Decimal(re.search(r'class="num cost">([0-9.]+)<', row).group(1))
+    assert Decimal("0.10") <= cost < Decimal("0.11")
+    assert not re.search(r'<tr class="running-session"', page.text)
+    as_hub("POST", "api/sessions/vic-disk/stop", json={"ended_at": start})

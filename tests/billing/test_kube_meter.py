@@ -417,6 +417,25 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
     assert store.check_ledger() == []
 
 
+async def test_the_meter_never_bills_a_disk_pod_nor_closes_a_disk_session(cluster, store, meters):
+    """A pod is a server: one offering "disk", or naming a data disk's storage session,
+    is refused, and the disk's session stays open after the pod is gone."""
+    now = datetime.now(UTC)
+    store.start_session("d-1", "ada", "disk:data", "disk", 50, now, now, "storage")
+    meter = await meters.start()
+    make = cluster.api.create
+    make(POD, NS, gputap_pod("names-disk", "ada", "T4", seconds=1, session_id="d-1"))
+    make(POD, NS, gputap_pod("is-disk", "ada", "disk", seconds=1, session_id="s-disk"))
+    await until(lambda: all(p["status"].get("phase") == "Succeeded" for p in cluster.pods(NS)))
+    for name in ("names-disk", "is-disk"):
+        cluster.api.delete(POD, NS, name)
+    await until(lambda: not cluster.pods(NS))
+    await meters.stop(meter)
+    await meters.start()  # a restart closes vanished pods' sessions: not the disk's
+    [disk] = store.sessions(None)
+    assert (disk.id, disk.ended_at, disk.price_class) == ("d-1", None, "storage")
+
+
 async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_does(
     cluster, store, meters
 ):

@@ -1,6 +1,12 @@
+import re
+
 import pytest
 
-from billing_service.pricing import make_price_book
+from billing_service.pricing import (
+    DEFAULT_DISK_PRICE_MICRO,
+    check_price_class,
+    make_price_book,
+)
 from hub_config.settings import load_settings
 
 
@@ -77,3 +83,39 @@ def test_a_price_above_ten_thousand_per_hour_is_refused():
     assert make_price_book({"A100-80GB": "10000"}).price("A100-80GB") == 10_000_000_000
     with pytest.raises(ValueError, match=r"'A100-80GB'\] must be at most 10000.00 credits"):
         make_price_book({"A100-80GB": "10000.000001"})
+
+
+def test_disks_cost_the_default_per_gb_hour_in_the_storage_class_only(book):
+    # the settings name no disk price: 0.0002 credits per GB-hour
+    assert DEFAULT_DISK_PRICE_MICRO == 200
+    assert book.price("disk", "storage") == 200
+    assert book.price("disk") is None and book.price("disk", "spot") is None
+    assert book.price("T4", "storage") is None and book.price("cpu", "storage") is None
+    assert book.skus("storage") == ["disk"]
+    assert "disk" not in book.skus() and "T4" in book.skus("spot")
+    # recorded in the book, so a stored version says what disks cost
+    assert book.configured()["disk"] == 200
+
+
+def test_a_configured_disk_price_and_disks_have_no_slices():
+    book = make_price_book({"T4": "1.50", "disk": "0.0005"})
+    assert book.price("disk", "storage") == 500
+    assert book.lookup(["disk", "T4"], "storage") == ({"disk": 500}, ["T4"])
+    with pytest.raises(ValueError, match="no slices"):
+        make_price_book({"disk/1g.5gb": "0.10"})
+
+
+@pytest.mark.parametrize(
+    "sku, price_class, says",
+    [
+        ("T4", "storage", "'storage' is for data disks only (sku 'disk'"),
+        ("disk", "on-demand", "send price_class 'storage', not 'on-demand'"),
+        ("disk", "spot", "send price_class 'storage', not 'spot'"),
+        ("T4", "cheap", "'on-demand', 'spot' or 'storage', not 'cheap'"),
+    ],
+)
+def test_storage_is_for_disks_and_disks_are_storage(sku, price_class, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_price_class(sku, price_class)
+    check_price_class("disk", "storage")
+    check_price_class("T4", "spot")

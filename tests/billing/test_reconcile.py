@@ -1,7 +1,8 @@
+import json
 from datetime import timedelta
 
-from billing_service.reconcile import sessions_to_close
-from billing_service.store import SessionRecord
+from billing_service.reconcile import Reconciler, sessions_to_close
+from billing_service.store import AccountState, SessionRecord
 
 from .conftest import T0
 
@@ -51,3 +52,57 @@ def test_a_restarted_billing_closes_at_the_persisted_last_seen():
     sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=60))
     closed = sessions_to_close([s], set(), seen, missing, T0 + timedelta(seconds=90))
     assert closed == [(s, seen_before)]
+
+
+def disk(sid, user="ann"):
+    return SessionRecord(
+        sid, user, f"disk:{sid}", "disk", 50, 200, T0, None, None, None, price_class="storage"
+    )
+
+
+def test_a_disk_is_never_closed_though_the_hub_runs_no_server_for_it():
+    d, s = disk("d1"), session("s1")
+    seen, missing = {}, {}
+    for minutes in (1, 2, 3):
+        closed = sessions_to_close([d, s], set(), seen, missing, T0 + timedelta(minutes=minutes))
+    assert [c for c, _ in closed] == [s]
+    assert "d1" not in missing and "d1" not in seen
+
+
+class Hub:
+    """The hub's REST API as the reconciler reads it: every user has no server."""
+
+    def __init__(self):
+        self.asked = []
+
+    async def fetch(self, request):
+        self.asked.append(request.url)
+
+        class Response:
+            body = json.dumps({"servers": {}}).encode()
+
+        return Response()
+
+
+async def test_reconciliation_does_not_ask_the_hub_about_users_with_disks_only():
+    hub = Hub()
+    accounts = [
+        AccountState("ann", T0, 0, (disk("d1"),)),
+        AccountState("bob", T0, 0, (session("s1", user="bob"), disk("d2", user="bob"))),
+    ]
+    closed = []
+
+    async def load(now):
+        return accounts
+
+    async def close(session_id, ended_at):
+        closed.append(session_id)
+        return next(s for a in accounts for s in a.running if s.id == session_id)
+
+    reconciler = Reconciler(
+        load, close, api_url="http://hub/api", api_token="t", interval_seconds=30, http_client=hub
+    )
+    for minutes in (1, 2):
+        await reconciler.check(T0 + timedelta(minutes=minutes))
+    assert closed == ["s1"]
+    assert set(hub.asked) == {"http://hub/api/users/bob"}
