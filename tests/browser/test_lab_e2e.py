@@ -145,3 +145,45 @@ def test_panel_change_gpu_keeps_work_and_bills_exact_seconds(platform, browser, 
     )
     assert platform.ledger_problems() == []
     page.close()
+
+
+def test_disk_attached_in_lab_keeps_its_file_across_a_change_of_gpu(platform, browser):
+    name = "dora"
+    platform.create_user(name)
+    assert platform.spawn(name, {"kind": "card", "card": "T4", "count": 1}).status_code in (
+        201,
+        202,
+    )
+    platform.wait_ready(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)
+    base = f"{platform.url}/user/{name}/"
+    page.goto(f"{base}lab")
+    open_panel(page)
+
+    # create: the price shows before creating; then attach (the server restarts)
+    page.get_by_test_id("gputap-disk-name").fill("data")
+    page.get_by_test_id("gputap-disk-size").fill("5")
+    expect(page.get_by_test_id("gputap-disk-price")).to_contain_text("5 GB")
+    page.get_by_test_id("gputap-disk-create").click()
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("not attached")
+    page.get_by_test_id("gputap-disk-attach-data").click()
+    page.locator(".jp-Dialog-button.jp-mod-warn").click()
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text(
+        "attached here", timeout=120_000
+    )
+    assert put_text(page, base, "disks/data/results.csv", "epoch,loss\n1,0.5\n") == 201
+    folder = platform.root / "data" / "disks" / name / "data"
+    assert (folder / "results.csv").read_text() == "epoch,loss\n1,0.5\n"
+
+    # change the GPU again: the disk comes along, its file intact
+    change_to(page, "cpu")
+    expect(page.get_by_test_id("gputap-card")).to_contain_text("CPU", timeout=120_000)
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("attached here")
+    again = contents(page, base, "disks/data/results.csv")
+    assert again["status"] == 200 and again["body"]["content"] == "epoch,loss\n1,0.5\n"
+    [disk] = [s for s in platform.sessions(name) if s["sku"] == "disk"]
+    assert disk["count"] == 5 and disk["state"] == "running"
+    assert platform.ledger_problems() == []
+    page.close()
