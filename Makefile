@@ -6,10 +6,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.gputap-installed
 NODE_STAMP := node_modules/.gputap-installed
+# the JupyterLab extension: TypeScript built into a prebuilt labextension, then pip-installed
+LAB := extensions/gputap-lab
+LAB_SOURCES := $(wildcard $(LAB)/src/*.ts $(LAB)/style/*) $(LAB)/package.json $(LAB)/tsconfig.json
+LAB_BUILT := $(LAB)/gputap_lab/labextension/package.json
+LAB_STAMP := $(VENV)/.gputap-lab-installed
 
 .PHONY: setup demo test lint format bench system-packages clean
 
-setup: $(PY_STAMP) $(NODE_STAMP)
+setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP)
 
 $(PY_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +22,23 @@ $(PY_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-$(NODE_STAMP): package.json package-lock.json
+$(NODE_STAMP): package.json package-lock.json $(LAB)/package.json
 	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# tsc, then @jupyter/builder through the venv's jupyter-builder (offline; the old
+# @jupyterlab/builder is not used). Rebuilt only when a source changed.
+$(LAB_BUILT): $(LAB_SOURCES) $(NODE_STAMP) | $(PY_STAMP)
+	cd $(LAB) && ../../node_modules/.bin/tsc --sourceMap
+	cd $(LAB) && $(abspath $(VENV))/bin/jupyter-builder build .
+	touch $@
+
+# A regular (non-editable) install: the wheel puts the labextension in
+# $(VENV)/share/jupyter/labextensions/gputap-lab and enables the server extension in
+# $(VENV)/etc/jupyter/jupyter_server_config.d. Its dependencies come with the root package.
+$(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py) $(LAB)/pyproject.toml | $(PY_STAMP)
+	rm -rf $(LAB)/build  # setuptools would reuse a stale build/lib
+	$(PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
 	touch $@
 
 demo: setup
@@ -60,3 +80,4 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) node_modules .demo .pytest_cache .hypothesis
+	rm -rf $(LAB)/lib $(LAB)/gputap_lab/labextension $(LAB)/tsconfig.tsbuildinfo $(LAB)/build

@@ -22,6 +22,18 @@ BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
 BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
 BILLING_METRICS_SCOPE = "custom:gputap-billing:metrics"
 BILLING_INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
+DISKS_SCOPE = "custom:gputap:disks"
+#: what a single-user server's own token ($JUPYTERHUB_API_TOKEN) may do: JupyterHub's default
+#: server role (post activity, be accessed), and for the Lab extension read and change its own
+#: server and manage its user's disks (docs/lab.md). "!server" means this server, "!user" its
+#: user; the token gets only what the user holds.
+SERVER_TOKEN_SCOPES = [
+    "users:activity!user",
+    "access:servers!server",
+    "read:servers!server",
+    "servers!server",
+    f"{DISKS_SCOPE}!user",
+]
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -122,6 +134,9 @@ def apply(c: Any, settings: Settings) -> None:
     _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
+    _idle_culler(c, settings.section("idle"), backend)
+    _server_api_scopes(c)
+    _disks(c, spawner.get("disks") or {})
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -129,11 +144,15 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     venv_bin = str(Path(sys.executable).parent)
     c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+    extra = {str(k): str(v) for k, v in (spawner.get("environment") or {}).items()}
+    # servers never reach out to the internet: no news feed, no update checks (an operator's
+    # own config folders come first)
+    config_path = [extra.pop("JUPYTER_CONFIG_PATH", ""), str(ROOT / "hub_config" / "singleuser")]
     c.Spawner.environment = {
         "PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]),
         "LANG": "C.UTF-8",
-        # servers never reach out to the internet: no news feed, no update checks
-        "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
+        **extra,
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(p for p in config_path if p),
     }
     c.GPULocalSpawner.inventory = spawner.get("inventory", "auto")
     if spawner.get("inventory_file"):
@@ -166,12 +185,32 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
 
 
+def _disks(c: Any, disks: dict[str, Any]) -> None:
+    """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub."""
+    from spawner import disk_api
+
+    limits = {"max_size_gb": 100, "max_disks": 5}
+    for key in limits:
+        value = disks.get(key, limits[key])
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"spawner.disks.{key} must be a whole number from 1, not {value!r}")
+        limits[key] = value
+    c.GPUSpawnerMixin.disk_max_size_gb = limits["max_size_gb"]
+    c.GPUSpawnerMixin.max_disks = limits["max_disks"]
+    if disks.get("root"):
+        c.GPULocalSpawner.disk_root = str(disks["root"])
+    c.GPUKubeSpawner.disk_storage_class = str(disks.get("storage_class") or "")
+
+    # its scope (DISKS_SCOPE) is defined with the server API's, in _server_api_scopes
+    c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *disk_api.handlers]
+
+
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     """The hub's own gputap handlers (the spec preview, the user's account) and the credit
     banner on every hub page (templates/page.html extends JupyterHub's page.html)."""
-    from spawner import account, preview
+    from spawner import account, preview, server_api
 
-    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers]
+    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers, *server_api.handlers]
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     c.JupyterHub.template_vars = {
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
@@ -287,3 +326,58 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         BILLING_METRICS_SCOPE: {"description": "Read billing's Prometheus metrics"},
         BILLING_INSTRUCTOR_SCOPE: {"description": "Create courses and run the ones you teach"},
     }
+
+
+def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
+    """jupyterhub-idle-culler as a hub service, and how often servers report activity.
+
+    A server's last activity includes its GPU being busy (the gputap-lab server extension
+    marks it), so long training runs survive while idle GPUs are stopped (docs/lab.md)."""
+    enabled = idle.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise SettingsError(f"idle.enabled must be true or false, not {enabled!r}")
+    numbers = {}
+    for key in ("timeout_seconds", "cull_every_seconds", "activity_interval_seconds"):
+        value = idle.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"idle.{key} must be a whole number of seconds >= 1, not {value!r}")
+        numbers[key] = value
+    interval = str(numbers["activity_interval_seconds"])
+    target = c.KubeSpawner if backend == "kubernetes" else c.Spawner
+    target.environment = {**target.get("environment", {}), "JUPYTERHUB_ACTIVITY_INTERVAL": interval}
+    if not enabled:
+        return
+    c.JupyterHub.services.append(
+        {
+            "name": "idle-culler",
+            "command": [
+                sys.executable,
+                "-m",
+                "jupyterhub_idle_culler",
+                f"--timeout={numbers['timeout_seconds']}",
+                f"--cull-every={numbers['cull_every_seconds']}",
+            ],
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "idle-culler",
+            "description": "Stop servers with neither user nor GPU activity for a while",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": ["idle-culler"],
+        }
+    )
+
+
+def _server_api_scopes(c: Any) -> None:
+    """Scopes of the hub's server API (docs/lab.md): each server's own token may read and
+    change that server and manage its user's disks; every user holds the disks scope on
+    themselves (a token gets only scopes its owner holds)."""
+    c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
+    c.JupyterHub.custom_scopes = {
+        **c.JupyterHub.custom_scopes,
+        DISKS_SCOPE: {"description": "List, create, attach, detach and delete data disks"},
+    }
+    for role in c.JupyterHub.load_roles:
+        if role["name"] == "user":
+            role["scopes"] = [*role["scopes"], f"{DISKS_SCOPE}!user"]

@@ -21,6 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
+from .disks import Disk, DiskError, DiskStore
 from .form import Choice, course_offers, options_from_form, preview_answer, render_form
 from .placement import (
     CardRequest,
@@ -62,7 +63,7 @@ def load_catalog(cards: dict[str, Any]) -> Catalog:
     return _CATALOGS[key]
 
 
-def _wanted_key(request: Request) -> str | None:
+def wanted_key(request: Request) -> str | None:
     """The offering a request waits for when sold out (specs and CPU never wait)."""
     if isinstance(request, CardRequest):
         return request.card
@@ -115,9 +116,7 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
     an exception raised here would be logged with a traceback).
     """
     try:
-        options = parse_options(user_options, spawner.catalog)
-        if options.spot and not spawner.offers_spot:
-            raise RequestError("spot (interruptible) servers need the Kubernetes backend")
+        options = spawner.parse_server_options(user_options)
         spawner.server_options, spawner.options_error = options, None
     except RequestError as e:
         spawner.server_options, spawner.options_error = None, str(e)
@@ -167,6 +166,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """,
     )
 
+    disk_max_size_gb = Integer(
+        100,
+        config=True,
+        help="""Largest data disk a user may create, in GB.
+
+        c.GPULocalSpawner.disk_max_size_gb = 500
+        """,
+    )
+
+    max_disks = Integer(
+        5,
+        config=True,
+        help="""Most data disks one user may have.
+
+        c.GPULocalSpawner.max_disks = 10
+        """,
+    )
+
     @default("options_form")
     def _default_options_form(self):
         return self._gputap_options_form
@@ -194,6 +211,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
     #: metering may have begun
     gpu: dict[str, Any] | None = None
 
+    #: the disks this server mounted at its start: [{"name", "path"}] (kept in its state)
+    mounted_disks: list[dict[str, str]] | None = None
+
     _base_start_timeout: int | None = None
 
     def options_applied(self, options: ServerOptions) -> None:
@@ -203,6 +223,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
             self._base_start_timeout = self.start_timeout
         extra = self.queue_timeout if options.queue else 0
         self.start_timeout = self._base_start_timeout + extra
+
+    def parse_server_options(self, user_options: dict[str, Any] | None) -> ServerOptions:
+        """``user_options`` as this backend can run them; RequestError saying what is wrong."""
+        options = parse_options(user_options, self.catalog)
+        if options.spot and not self.offers_spot:
+            raise RequestError("spot (interruptible) servers need the Kubernetes backend")
+        return options
 
     @property
     def catalog(self) -> Catalog:
@@ -215,6 +242,56 @@ class GPUSpawnerMixin(LoggingConfigurable):
     @property
     def _log_name(self) -> str:
         return f"{self.user.name}/{self.name}" if self.name else self.user.name
+
+    # -- data disks ----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> DiskStore:
+        """The user's data disks (spawner/disks.py); each backend provides its store."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    def disk_path(self, name: str) -> str:
+        """Where disk ``name`` appears inside this user's servers; each backend says."""
+        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+
+    async def disks_to_mount(self) -> list[Disk]:
+        """The disks attached to this server, read as it starts; they become its
+        ``mounted_disks`` (and $GPUTAP_DISKS)."""
+        try:
+            disks = await self.disk_store.attached(self.user.name, self.name)
+        except DiskError as e:
+            raise web.HTTPError(e.status, e.message) from None
+        self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
+        if disks:
+            names = ", ".join(d.name for d in disks)
+            self.log.info("%s: mounting disks %s", self._log_name, names)
+        return disks
+
+    async def attached_disks_view(self) -> list[dict[str, Any]]:
+        """The data disks of the running server, as the server API shows them:
+        ``[{"name", "path"}]``, the disks it mounted at its start (none once stopped)."""
+        return [dict(d) for d in self.mounted_disks or []]
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        # the Lab extension shows the server's disks from here
+        env["GPUTAP_DISKS"] = json.dumps(self.mounted_disks or [])
+        return env
+
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.mounted_disks is not None:
+            state["gputap_disks"] = self.mounted_disks
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        disks = state.get("gputap_disks")
+        self.mounted_disks = [dict(d) for d in disks] if disks is not None else None
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.mounted_disks = None
 
     # -- prices and choices --------------------------------------------------------------
 
@@ -231,9 +308,11 @@ class GPUSpawnerMixin(LoggingConfigurable):
         except BillingUnavailable as e:
             raise billing_unavailable(e) from None
 
-    async def choices(self) -> tuple[list[Choice], bool, int]:
-        """The form's options, whether the cards are simulated, and the spot discount."""
-        view, simulated = await self.gpu_free_view()
+    async def choices(self, own_free: bool = False) -> tuple[list[Choice], bool, int]:
+        """The form's options, whether the cards are simulated, and the spot discount.
+
+        ``own_free``: count what this server holds as free (what it could change to)."""
+        view, simulated = await (self.change_free_view() if own_free else self.gpu_free_view())
         prices, spot_discount = await self.price_book_for(view)
         return build_choices(view, self.catalog, prices), simulated, spot_discount
 
@@ -283,7 +362,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         the devices (or reserves the units) before any other spawn can decide.
         """
         request, holder = options.request, self._log_name
-        wanted = _wanted_key(request)
+        wanted = wanted_key(request)
         deadline = asyncio.get_running_loop().time() + self.queue_timeout
         try:
             while True:
@@ -338,6 +417,22 @@ class GPUSpawnerMixin(LoggingConfigurable):
                     f"{waiting} waiting in line"
                 )
         return answer
+
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        """What this server could take if it stopped first (a ``spot`` server: without
+        preempting anyone): the free view with its own devices counted as free. Backends
+        that cannot tell (Kubernetes) count them as taken."""
+        return await self.gpu_free_view()
+
+    async def fits_after_stop(self, options: ServerOptions) -> Placement | Refusal:
+        """Where ``options`` would go now if this server stopped first (its devices count as
+        free), by the rules a spawn follows: nobody jumps the line of a sold-out offering.
+        400 for options no machine here could serve; 503 when billing has no prices."""
+        view, _ = await self.change_free_view(options.spot)
+        price_class = "spot" if options.spot else "on-demand"
+        prices = await self.prices_for(view, price_class)
+        request = options.request
+        return self._decide_in_turn(request, self._log_name, wanted_key(request), view, prices)
 
     def wake_queue(self) -> None:
         """Wake whoever is first in line if what they wait for fits now (backends say
@@ -470,7 +565,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
             except BillingUnavailable:
                 delay = min(delay * 2, 60)
             except BillingRefused as e:
-                self.log.error("%s: billing refused to close %s: %s", self._log_name, session_id, e)
+                if e.status != 404:  # 404: the start never reached billing, nothing to close
+                    self.log.error(
+                        "%s: billing refused to close %s: %s", self._log_name, session_id, e
+                    )
                 return
         self.log.error("%s: gave up closing billing session %s", self._log_name, session_id)
 

@@ -81,12 +81,17 @@ class BillingClient:
         cached = _price_cache.get(key)
         if cached and time.monotonic() - cached[0] < PRICE_CACHE_SECONDS:
             return cached[1]
-        query = urlencode([("price_class", price_class)] + [("sku", s) for s in skus])
-        answer = await self._call("GET", f"api/prices?{query}")
+        answer = await self.price_list(skus, price_class)
         prices = {sku: p["per_hour_micro"] for sku, p in answer["prices"].items()}
         result = prices, answer.get("spot_discount_percent", 0)
         _price_cache[key] = (time.monotonic(), result)
         return result
+
+    async def price_list(self, skus: list[str], price_class: str = "on-demand") -> dict[str, Any]:
+        """Billing's price answer as it is, for showing: ``currency`` and, per SKU that has a
+        price, ``per_hour_micro`` and ``per_hour`` (exact credits). Not cached."""
+        query = urlencode([("price_class", price_class)] + [("sku", s) for s in skus])
+        return await self._call("GET", f"api/prices?{query}")
 
     async def open_account(self, username: str, groups: list[str] | None = None) -> dict[str, Any]:
         """Open the account (trial credit once); ``groups`` enrol the user in bound courses."""

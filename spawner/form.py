@@ -356,6 +356,21 @@ def _choice_options(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]
     return {"kind": choice}
 
 
+def offering_options(offering: Offering, count: int = 1, course: str = "") -> dict[str, object]:
+    """The ``user_options`` that ask for exactly ``offering`` (what the form would post)."""
+    if offering.kind == "card":
+        options: dict[str, object] = {"kind": "card", "card": offering.key, "count": count}
+    elif offering.kind == "slice":
+        options = {"kind": "slice", "card": offering.card, "profile": offering.profile}
+    elif offering.kind == "shared":
+        options = {"kind": "shared", "card": offering.card}
+    else:
+        options = {"kind": "cpu"}
+    if course:
+        options["course"] = course
+    return options
+
+
 def preview_answer(answer: Placement | Refusal, simulated: bool) -> dict[str, object]:
     """JSON for the spec preview: which card a spec request would get now."""
     if isinstance(answer, Placement):

@@ -165,10 +165,14 @@ class DevicePool:
     def simulated(self) -> bool:
         return any(d.simulated for d in self.devices.values())
 
-    def free_view(self) -> FreeView:
+    def free_view(self, as_free: str | None = None) -> FreeView:
+        """Free and total devices per offering; ``as_free`` names a holder whose devices
+        count as free (what a server could take if it stopped first)."""
         capacity: Counter[str] = Counter(d.key for d in self.devices.values())
         free: Counter[str] = Counter(
-            d.key for d in self.devices.values() if d.uuid not in self.holder
+            d.key
+            for d in self.devices.values()
+            if d.uuid not in self.holder or self.holder[d.uuid] == as_free
         )
         view = FreeView()
         for key, total in capacity.items():

@@ -24,6 +24,7 @@ from traitlets import Integer, Unicode
 
 from .base import GPUSpawnerMixin, billing_unavailable, utcnow
 from .billing_client import BillingRefused, BillingUnavailable
+from .kube_disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
 from .kube_inventory import RESERVATION_ANNOTATION
 from .kube_objects import gpu_pod_settings
 from .kube_watch import ClusterWatcher, parse_time
@@ -33,7 +34,8 @@ from .placement import FreeView, Placement
 _watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
 _watcher_lock = asyncio.Lock()
 
-#: KubeSpawner traits that gpu_pod_settings sets; their configured values are the base
+#: KubeSpawner traits that gpu_pod_settings and disk_pod_settings set; their configured values
+#: are the base
 _GPU_TRAITS = (
     "extra_labels",
     "extra_annotations",
@@ -43,6 +45,9 @@ _GPU_TRAITS = (
     "tolerations",
     "cpu_guarantee",
     "mem_guarantee",
+    "volumes",
+    "volume_mounts",
+    "lifecycle_hooks",
 )
 
 
@@ -87,6 +92,15 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """,
     )
 
+    disk_storage_class = Unicode(
+        "",
+        config=True,
+        help="""StorageClass of data disks' PersistentVolumeClaims ("": the cluster's default).
+
+        c.GPUKubeSpawner.disk_storage_class = "fast-ssd"
+        """,
+    )
+
     # per-server record: {"session_id", "offering", "count", "node", "price_class", "hold_id",
     # "started_at"} (see GPUSpawnerMixin.gpu)
     gpu: dict[str, Any] | None = None
@@ -102,6 +116,34 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     @property
     def pod_key(self) -> str:
         return f"{self.namespace}/{self.pod_name}"
+
+    # -- data disks -----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> KubeDiskStore:
+        return KubeDiskStore(
+            shared_client("CoreV1Api"),
+            self.namespace,
+            self.disk_storage_class,
+            self.disk_max_size_gb,
+            self.max_disks,
+        )
+
+    def disk_path(self, name: str) -> str:
+        return f"{MOUNT_ROOT}/{name}"
+
+    async def _disk_settings(self) -> dict[str, Any]:
+        """Volumes and mounts of the disks attached to this server, and the hook linking
+        them into ~/disks unless the operator configured a postStart hook of their own."""
+        disks = await self.disks_to_mount()
+        settings = disk_pod_settings(self.user.name, [d.name for d in disks])
+        if "postStart" in (self._configured or {}).get("lifecycle_hooks", self.lifecycle_hooks):
+            del settings["lifecycle_hooks"]
+            if disks:
+                self.log.info(
+                    "%s: disks not linked into ~/disks (postStart configured)", self.holder
+                )
+        return settings
 
     # -- inventory ------------------------------------------------------------------------
 
@@ -135,6 +177,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         """What an on-demand server could get now (spot servers make way for it)."""
         watcher = await self.cluster()
         return watcher.inventory.preemptible_view, False
+
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        """A spot server takes only what is free. The pod's own GPUs count as taken: they
+        are free only once the pod is gone, and a change never promises what it may not
+        get (docs/kubernetes.md, "Changing a server's GPU")."""
+        watcher = await self.cluster()
+        inventory = watcher.inventory
+        return (inventory.view if spot else inventory.preemptible_view), False
 
     async def _ensure_priority_classes(self) -> None:
         api = shared_client("SchedulingV1Api")
@@ -229,6 +279,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             course=self.gpu.get("course", ""),
         )
         settings["extra_annotations"][RESERVATION_ANNOTATION] = reservation
+        settings.update(await self._disk_settings())
         self._apply_gpu_settings(settings)
         self.priority_class_name = (
             self.spot_priority_class if price_class == "spot" else self.on_demand_priority_class

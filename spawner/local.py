@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
+import pwd
 import time
 import uuid
 from datetime import datetime
@@ -25,6 +25,8 @@ from traitlets import Bool, Unicode, default
 
 from .base import GPUSpawnerMixin, billing_unavailable, utcnow
 from .billing_client import BillingRefused, BillingUnavailable
+from .dirnames import safe_dirname
+from .disks import HOME_FOLDER, LocalDiskStore, link_disks
 from .inventory import DevicePool, load_local_devices
 from .placement import FreeView
 
@@ -34,18 +36,6 @@ _pools: dict[tuple[str, str], DevicePool] = {}
 _pool_lock = asyncio.Lock()
 # claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
 _pending_claims: dict[str, list[str]] = {}
-
-
-def safe_dirname(name: str) -> str:
-    """A username as one path component, different for different names.
-
-    Every character outside ``[A-Za-z0-9_.]`` (``-`` included) becomes ``-<hex>-``, and so does
-    a leading dot, so two users never share a home and no name escapes ``homes_root``.
-    """
-    cleaned = re.sub(r"[^A-Za-z0-9_.]", lambda m: f"-{ord(m[0]):x}-", name)
-    if cleaned.startswith("."):
-        cleaned = "-2e-" + cleaned[1:]
-    return cleaned or "-"
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
@@ -103,6 +93,16 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
+    disk_root = Unicode(
+        "/srv/gputap/disks",
+        config=True,
+        help="""Folder holding the users' data disks: {disk_root}/{user}/{disk} (a folder per
+        disk, its record beside it). Attached disks appear in servers at ~/disks/{disk}.
+
+        c.GPULocalSpawner.disk_root = "/srv/gputap/disks"
+        """,
+    )
+
     # per-server GPU record: {"session_id", "offering", "count", "devices", "hold_id",
     # "started_at"} (see GPUSpawnerMixin.gpu)
     gpu: dict[str, Any] | None = None
@@ -116,6 +116,52 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     @property
     def home_dir(self) -> str:
         return str(Path(self.homes_root) / safe_dirname(self.user.name))
+
+    @property
+    def server_home(self) -> Path:
+        """The home the server runs in (the system user's own, or one under homes_root)."""
+        if self.run_as_system_user:
+            return Path(pwd.getpwnam(self.user.name).pw_dir)
+        return Path(self.home_dir)
+
+    # -- data disks -----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> LocalDiskStore:
+        return LocalDiskStore(self.disk_root, self.disk_max_size_gb, self.max_disks)
+
+    def disk_path(self, name: str) -> str:
+        return str(self.server_home / HOME_FOLDER / name)
+
+    async def _link_disks(self) -> None:
+        """Link the disks attached to this server into ~/disks, and unlink those detached."""
+        disks = await self.disks_to_mount()
+        store = self.disk_store
+        wanted = {d.name: store.folder(self.user.name, d.name) for d in disks}
+        loop = asyncio.get_running_loop()
+        blocked = await loop.run_in_executor(
+            None, self._link_disks_sync, self.server_home, store.root, wanted
+        )
+        for name in blocked:
+            self.log.warning(
+                "%s: disk %s not linked: ~/%s/%s is the user's own file",
+                self.holder,
+                name,
+                HOME_FOLDER,
+                name,
+            )
+        if blocked:
+            self.mounted_disks = [d for d in self.mounted_disks if d["name"] not in blocked]
+
+    def _link_disks_sync(self, home: Path, root: Path, wanted: dict[str, Path]) -> list[str]:
+        home.mkdir(0o700, parents=True, exist_ok=True)  # as the server's preexec makes it
+        blocked = link_disks(home, root, wanted)
+        if self.run_as_system_user and os.geteuid() == 0:
+            # the hub made these as root: they are the user's
+            user = pwd.getpwnam(self.user.name)
+            for path in [home / HOME_FOLDER, *wanted.values()]:
+                os.chown(path, user.pw_uid, user.pw_gid)
+        return blocked
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -144,6 +190,10 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
         pool = await self.pool()
         return pool.free_view(), pool.simulated
+
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        pool = await self.pool()
+        return pool.free_view(as_free=self.holder), pool.simulated
 
     # -- process environment --------------------------------------------------------------
 
@@ -206,6 +256,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         )
         try:
             await self.admit(answer)
+            await self._link_disks()
             ip, port = await super().start()
             await self._wait_up(ip, port)
             await self.open_billing_session(self.gpu, utcnow())

@@ -27,6 +27,13 @@
  *   Unset or empty: no GPU (nvmlDeviceGetCount gives 0). A malformed value makes nvmlInit
  *   answer NVML_ERROR_UNKNOWN and print why on stderr.
  *
+ * FAKE_NVML_USE             what the devices are doing, entries separated by ';':
+ *                  UUID|UTILIZATION_PERCENT|USED_MIB|COMPUTE_PROCESSES
+ *                  for a GPU or MIG device of FAKE_NVML_DEVICES (an unknown UUID is malformed).
+ *                  Unlisted devices are idle: 0 %, no memory used, no process. MIG devices
+ *                  and GPUs in MIG mode have no utilisation (GetUtilizationRates answers
+ *                  NOT_SUPPORTED, as NVML does), whatever is given here.
+ *
  * Example, one H200 and an A100 with two MIG devices:
  *
  *   NVIDIA H200|GPU-9d5e...|143771|off;
@@ -73,6 +80,18 @@ typedef struct {
     unsigned long long used;
 } nvmlMemory_v2_t;
 
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t; /* nvmlProcessInfo_v3_t is the same layout */
+
 #define NVML_STRUCT_VERSION(name, ver) (unsigned int)(sizeof(name##_v##ver##_t) | ((ver) << 24U))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(nvmlMemory, 2)
 
@@ -89,6 +108,9 @@ struct fake_device {
     unsigned long long memory_mib;
     enum mig_support mig;      /* whole GPUs only */
     struct fake_device *parent; /* MIG devices only */
+    unsigned int utilization;   /* FAKE_NVML_USE */
+    unsigned long long used_mib;
+    unsigned int processes;
 };
 
 typedef struct fake_device *nvmlDevice_t;
@@ -191,6 +213,54 @@ static int parse_devices(const char *spec) {
     return ok;
 }
 
+/* The GPU or MIG device of FAKE_NVML_DEVICES with this UUID, or NULL. */
+static struct fake_device *find_uuid(const char *uuid) {
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        if (!strcmp(gpus[i].uuid, uuid))
+            return &gpus[i];
+        for (int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (migs[i][s].used && !strcmp(migs[i][s].uuid, uuid))
+                return &migs[i][s];
+    }
+    return NULL;
+}
+
+static int parse_use(const char *spec) {
+    if (!spec)
+        return 1;
+    char *copy = strdup(spec), *save = NULL, *f[4];
+    int ok = 1;
+    for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
+        char *entry = trim(tok), shown[256], *end1, *end2, *end3;
+        if (!*entry)
+            continue;
+        snprintf(shown, sizeof shown, "%s", entry);
+        if (!fields4(entry, f)) {
+            ok = bad(shown, "FAKE_NVML_USE wants UUID|UTILIZATION_PERCENT|USED_MIB|PROCESSES");
+            continue;
+        }
+        struct fake_device *d = find_uuid(f[0]);
+        unsigned long utilization = strtoul(f[1], &end1, 10);
+        unsigned long long used = strtoull(f[2], &end2, 10);
+        unsigned long processes = strtoul(f[3], &end3, 10);
+        if (!d)
+            ok = bad(shown, "no device with this UUID in FAKE_NVML_DEVICES");
+        else if (!*f[1] || *end1 || utilization > 100)
+            ok = bad(shown, "utilisation must be 0 to 100");
+        else if (!*f[2] || *end2 || used > d->memory_mib)
+            ok = bad(shown, "used memory must be whole MiB, at most the device's");
+        else if (!*f[3] || *end3 || processes > 64)
+            ok = bad(shown, "processes must be 0 to 64");
+        else {
+            d->utilization = (unsigned int)utilization;
+            d->used_mib = used;
+            d->processes = (unsigned int)processes;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
 /* A handle this library gave out, whole GPU or MIG device; NULL for anything else. */
 static struct fake_device *lookup(nvmlDevice_t handle) {
     for (unsigned int i = 0; i < gpu_count; i++) {
@@ -221,7 +291,8 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (fail && !strcmp(fail, "mismatch"))
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    if (init_count == 0 && !parse_devices(getenv("FAKE_NVML_DEVICES")))
+    if (init_count == 0 &&
+        (!parse_devices(getenv("FAKE_NVML_DEVICES")) || !parse_use(getenv("FAKE_NVML_USE"))))
         return NVML_ERROR_UNKNOWN;
     init_count++;
     return NVML_SUCCESS;
@@ -307,8 +378,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) 
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = d->memory_mib << 20;
-    memory->free = memory->total;
-    memory->used = 0;
+    memory->used = d->used_mib << 20;
+    memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -321,8 +392,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = d->memory_mib << 20;
     memory->reserved = 0;
-    memory->free = memory->total;
-    memory->used = 0;
+    memory->used = d->used_mib << 20;
+    memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
 
@@ -359,5 +430,55 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
     if (d->mig != MIG_ON || !slot->used)
         return NVML_ERROR_NOT_FOUND;
     *migDevice = slot;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    REQUIRE_INIT();
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_device *d = find_uuid(uuid);
+    if (!d || (d->parent && d->parent->mig != MIG_ON))
+        return NVML_ERROR_NOT_FOUND;
+    if (d->mig == LOST)
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = d;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    REQUIRE_INIT();
+    REQUIRE_DEVICE(d, device);
+    if (!utilization)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent || d->mig == MIG_ON)
+        return NVML_ERROR_NOT_SUPPORTED;
+    utilization->gpu = d->utilization;
+    utilization->memory = d->memory_mib ? (unsigned int)(d->used_mib * 100 / d->memory_mib) : 0;
+    return NVML_SUCCESS;
+}
+
+/* As NVML: with too small a buffer (or none), the count needed and INSUFFICIENT_SIZE. */
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    REQUIRE_INIT();
+    REQUIRE_DEVICE(d, device);
+    if (!infoCount)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->processes == 0) {
+        *infoCount = 0;
+        return NVML_SUCCESS;
+    }
+    if (!infos || *infoCount < d->processes) {
+        *infoCount = d->processes;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < d->processes; i++) {
+        infos[i].pid = 4000 + i;
+        infos[i].usedGpuMemory = (d->used_mib << 20) / d->processes;
+        infos[i].gpuInstanceId = d->parent ? (unsigned int)(d - migs[d->parent - gpus]) : 0xFFFFFFFF;
+        infos[i].computeInstanceId = d->parent ? 0 : 0xFFFFFFFF;
+    }
+    *infoCount = d->processes;
     return NVML_SUCCESS;
 }

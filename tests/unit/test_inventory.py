@@ -71,3 +71,14 @@ def test_claims_after_restart_keep_devices_taken():
     assert restarted.free_view().free("RTX-4090") == 0
     # someone else's claim on a held device, or an unknown device, is reported
     assert restarted.claim(uuids[:1] + ["GPU-gone"], "bob") == [uuids[0], "GPU-gone"]
+
+
+def test_a_holders_own_devices_count_as_free_for_its_change():
+    p = pool()
+    answer = place(CardRequest("RTX-4090", 2), p.free_view(), CATALOG, PRICES)
+    p.take(answer, "alice")
+    assert p.free_view().free("RTX-4090") == 0
+    # alice could move to both cards again (or to one), bob could not
+    assert p.free_view(as_free="alice").max_free("RTX-4090") == 2
+    assert p.free_view(as_free="bob").free("RTX-4090") == 0
+    assert p.free_view(as_free="alice").total("RTX-4090") == 2

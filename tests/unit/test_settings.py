@@ -71,3 +71,56 @@ def test_billing_gets_the_hubs_kubeconfig_to_meter_pods(tmp_path, monkeypatch, b
         assert billing["environment"]["KUBECONFIG"] == str(tmp_path / "kubeconfig")
     else:
         assert "KUBECONFIG" not in billing["environment"]
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "local"])
+def test_idle_culler_runs_as_a_service_and_servers_report_activity_in_time(tmp_path, backend):
+    from traitlets.config import Config
+
+    from hub_config.hub import apply
+
+    c = Config()
+    environ = {
+        "GPUTAP__SPAWNER__BACKEND": backend,
+        "GPUTAP__IDLE__TIMEOUT_SECONDS": "600",
+        "GPUTAP__IDLE__ACTIVITY_INTERVAL_SECONDS": "20",
+    }
+    apply(c, load_settings(environ=environ))
+    [culler] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
+    assert "--timeout=600" in culler["command"]
+    [role] = [r for r in c.JupyterHub.load_roles if r["name"] == "idle-culler"]
+    assert set(role["scopes"]) == {
+        "list:users",
+        "read:users:activity",
+        "read:servers",
+        "delete:servers",
+    }
+    spawner = c.KubeSpawner if backend == "kubernetes" else c.Spawner
+    assert spawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "20"
+
+
+def test_idle_culler_can_be_off_and_bad_numbers_are_named(tmp_path):
+    from traitlets.config import Config
+
+    from hub_config.hub import apply
+
+    c = Config()
+    apply(c, load_settings(environ={"GPUTAP__IDLE__ENABLED": "false"}))
+    assert not [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]
+    with pytest.raises(SettingsError, match="idle.timeout_seconds must be a whole number"):
+        apply(Config(), load_settings(environ={"GPUTAP__IDLE__TIMEOUT_SECONDS": "soon"}))
+
+
+def test_operator_environment_reaches_local_servers_before_gputaps_config(tmp_path):
+    from traitlets.config import Config
+
+    from hub_config.hub import apply
+
+    c = Config()
+    environ = {
+        "GPUTAP__SPAWNER__ENVIRONMENT": "{JUPYTER_CONFIG_PATH: /etc/site, HF_HOME: /data/hf}",
+    }
+    apply(c, load_settings(environ=environ))
+    assert c.Spawner.environment["HF_HOME"] == "/data/hf"
+    first, ours = c.Spawner.environment["JUPYTER_CONFIG_PATH"].split(":")
+    assert first == "/etc/site" and ours.endswith("hub_config/singleuser")

@@ -1,0 +1,17 @@
+"""gputap inside JupyterLab: the server extension and the prebuilt front end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .app import GPUTapLab
+
+__version__ = "0.1.0"
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    return [{"src": "labextension", "dest": "gputap-lab"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    return [{"module": "gputap_lab.app", "app": GPUTapLab}]

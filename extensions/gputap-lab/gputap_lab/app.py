@@ -1,0 +1,148 @@
+"""GPUTapLab: the server extension's settings, its sampler and its hub client."""
+
+from __future__ import annotations
+
+import os
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Bool, Float, Int, List, TraitError, Type, Unicode, default, validate
+
+from .gpu import NvmlReader, visible_devices
+from .hub import HubClient
+from .routes import default_handlers
+from .sampler import Sampler
+
+
+class GPUTapLab(ExtensionApp):
+    """Live GPU use, cost and credit, change of GPU and data disks, inside JupyterLab."""
+
+    name = "gputap_lab"
+    load_other_extensions = True
+
+    gpu_reader_class = Type(
+        default_value=NvmlReader,
+        klass=object,
+        config=True,
+        help="""The class that reads this server's GPUs: built with the list of visible devices
+        (or None for all) and asked ``read()`` every sample, in a thread.
+
+            c.GPUTapLab.gpu_reader_class = "gputap_lab.gpu.NvmlReader"
+        """,
+    )
+
+    sample_interval_seconds = Float(
+        3.0,
+        config=True,
+        help="""Seconds between two GPU samples (and between two marks of GPU activity).
+
+            c.GPUTapLab.sample_interval_seconds = 3
+        """,
+    )
+
+    history_seconds = Float(
+        300.0,
+        config=True,
+        help="""How far back the GPU history (the panel's plot) goes.
+
+            c.GPUTapLab.history_seconds = 300
+        """,
+    )
+
+    busy_utilization_percent = Int(
+        10,
+        config=True,
+        help="""A whole GPU at or above this utilisation in a sample is busy, which counts as
+        server activity for the idle culler. MIG slices have no utilisation: a slice is busy
+        while a compute process runs on it.
+
+            c.GPUTapLab.busy_utilization_percent = 10
+        """,
+    )
+
+    visible_devices = List(
+        Unicode(),
+        default_value=None,
+        allow_none=True,
+        config=True,
+        help="""The GPU and MIG device UUIDs this server may use; empty for a CPU-only
+        server, None for every device NVML shows. Defaults to CUDA_VISIBLE_DEVICES (set by
+        the spawner), else the device plugin's NVIDIA_VISIBLE_DEVICES.
+
+            c.GPUTapLab.visible_devices = ["MIG-0c2e…"]
+        """,
+    )
+
+    simulated = Bool(
+        config=True,
+        help="""Whether the server's card is simulated (declared, not real): the panel then
+        says so and shows no numbers. Defaults to GPUTAP_SIMULATED=1, set by the spawner.
+
+            c.GPUTapLab.simulated = False
+        """,
+    )
+
+    hub_timeout_seconds = Float(
+        20.0,
+        config=True,
+        help="""Seconds to wait for the hub's server API before answering 502.
+
+            c.GPUTapLab.hub_timeout_seconds = 20
+        """,
+    )
+
+    @default("visible_devices")
+    def _default_visible_devices(self) -> list[str] | None:
+        return visible_devices(os.environ)
+
+    @default("simulated")
+    def _default_simulated(self) -> bool:
+        return os.environ.get("GPUTAP_SIMULATED", "0") == "1"
+
+    @validate("sample_interval_seconds", "history_seconds", "hub_timeout_seconds")
+    def _positive(self, proposal):
+        if proposal.value <= 0:
+            raise TraitError(f"{proposal.trait.name} must be above 0, not {proposal.value}")
+        return proposal.value
+
+    @validate("busy_utilization_percent")
+    def _percent(self, proposal):
+        if not 0 <= proposal.value <= 100:
+            raise TraitError(f"busy_utilization_percent must be 0 to 100, not {proposal.value}")
+        return proposal.value
+
+    def initialize_settings(self) -> None:
+        devices = self.visible_devices
+        if self.simulated or devices == []:
+            reader = None
+        else:
+            reader = self.gpu_reader_class(devices)
+        self.sampler = Sampler(
+            reader,
+            simulated=self.simulated,
+            interval_seconds=self.sample_interval_seconds,
+            history_seconds=self.history_seconds,
+            busy_utilization_percent=self.busy_utilization_percent,
+            settings=self.serverapp.web_app.settings,
+            log=self.log,
+        )
+        self.settings["gputap_sampler"] = self.sampler
+        self.settings["gputap_hub"] = HubClient.from_env(
+            timeout_seconds=self.hub_timeout_seconds, log=self.log
+        )
+        self.log.info(
+            "gputap: GPU %s",
+            "simulated"
+            if self.simulated
+            else "none (CPU-only)"
+            if reader is None
+            else f"read by {self.gpu_reader_class.__name__} ({devices or 'all devices'})",
+        )
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(default_handlers)
+
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        self.sampler.start()
+
+    async def stop_extension(self) -> None:
+        await self.sampler.stop()

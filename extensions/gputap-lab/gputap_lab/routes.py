@@ -1,0 +1,182 @@
+"""The server extension's routes, at ``{base_url}gputap/``.
+
+Every verb is ``@tornado.web.authenticated`` and none counts as user activity
+(``_track_activity = False``): an open panel polling these must not keep an idle server
+alive. Bad input answers 400 with what was wrong, before the hub is asked anything; the
+hub's own errors come back with its status and message.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+
+from .hub import HubClient, HubError
+from .sampler import Sampler
+
+DISK_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+DISK_NAME_RULE = "1 to 32 of a-z, 0-9 and -, starting with a letter"
+
+
+def check_disk_name(name: Any) -> str:
+    """The disk name, or 400 saying what a name looks like."""
+    if not isinstance(name, str) or not DISK_NAME.fullmatch(name):
+        raise tornado.web.HTTPError(400, f"Disk name {name!r} is not valid: use {DISK_NAME_RULE}.")
+    return name
+
+
+def change_body(body: Any) -> dict[str, Any]:
+    """``{"options": {...}, "queue": bool}`` checked, or 400."""
+    if not isinstance(body, dict):
+        raise tornado.web.HTTPError(400, 'Send a JSON object: {"options": {...}, "queue": false}.')
+    unknown = sorted(set(body) - {"options", "queue"})
+    if unknown:
+        raise tornado.web.HTTPError(400, f"Unknown fields {unknown}: send options and queue.")
+    if "options" not in body:
+        raise tornado.web.HTTPError(400, "Missing options: the choice's options to change to.")
+    if not isinstance(body["options"], dict) or not body["options"]:
+        raise tornado.web.HTTPError(400, "options must be a non-empty JSON object (a choice's).")
+    queue = body.get("queue", False)
+    if not isinstance(queue, bool):
+        raise tornado.web.HTTPError(400, "queue must be true or false.")
+    return {"options": body["options"], "queue": queue}
+
+
+def disk_body(body: Any) -> dict[str, Any]:
+    """``{"name": str, "size_gb": int}`` checked, or 400 (the size limit is the hub's)."""
+    if not isinstance(body, dict):
+        raise tornado.web.HTTPError(400, 'Send a JSON object: {"name": "data", "size_gb": 10}.')
+    missing = [key for key in ("name", "size_gb") if key not in body]
+    if missing:
+        raise tornado.web.HTTPError(400, f"Missing {' and '.join(missing)} for the new disk.")
+    unknown = sorted(set(body) - {"name", "size_gb"})
+    if unknown:
+        raise tornado.web.HTTPError(400, f"Unknown fields {unknown}: send name and size_gb.")
+    size = body["size_gb"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise tornado.web.HTTPError(
+            400, f"size_gb must be a whole number of GB, 1 or more, not {size!r}."
+        )
+    return {"name": check_disk_name(body["name"]), "size_gb": size}
+
+
+class GPUTapHandler(ExtensionHandlerMixin, APIHandler):
+    """Base of the routes: JSON bodies, the hub client, hub errors passed through."""
+
+    _track_activity = False
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.settings["gputap_sampler"]
+
+    @property
+    def hub(self) -> HubClient:
+        client = self.settings["gputap_hub"]
+        if isinstance(client, HubError):
+            raise tornado.web.HTTPError(client.status, client.message)
+        return client
+
+    def json_body(self, *, required: bool = True) -> Any:
+        """The request's JSON, or 400. An empty body is None when not ``required``."""
+        if not self.request.body:
+            if required:
+                raise tornado.web.HTTPError(400, "Send a JSON body.")
+            return None
+        try:
+            return json.loads(self.request.body)
+        except ValueError as e:
+            raise tornado.web.HTTPError(400, f"The body is not JSON ({e}).") from e
+
+    async def call_hub(self, method: str, *args: Any) -> None:
+        """Ask the hub, answer with its status and JSON (or its error's)."""
+        try:
+            status, answer = await getattr(self.hub, method)(*args)
+        except HubError as e:
+            self.set_status(e.status)
+            self.finish(json.dumps(e.to_json()))
+            return
+        self.set_status(status)
+        if answer is None:
+            self.finish()
+        else:
+            self.finish(json.dumps(answer))
+
+
+class GPUHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.finish(json.dumps(self.sampler.to_json()))
+
+
+class ServerHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        await self.call_hub("server")
+
+
+class ChoicesHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        await self.call_hub("choices")
+
+
+class ChangeHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        await self.call_hub("change_status")
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = change_body(self.json_body())
+        self.log.info(
+            "gputap %s: change asked (queue=%s): %s",
+            self.hub.who,
+            body["queue"],
+            json.dumps(body["options"], sort_keys=True),
+        )
+        await self.call_hub("change", body)
+
+
+class DisksHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        await self.call_hub("disks")
+
+    @tornado.web.authenticated
+    async def post(self) -> None:
+        body = disk_body(self.json_body())
+        await self.call_hub("create_disk", body)
+
+
+class DiskHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def delete(self, name: str) -> None:
+        await self.call_hub("delete_disk", check_disk_name(name))
+
+
+class DiskActionHandler(GPUTapHandler):
+    @tornado.web.authenticated
+    async def post(self, name: str, action: str) -> None:
+        name = check_disk_name(name)
+        body = self.json_body(required=False)
+        if body not in (None, {}):
+            raise tornado.web.HTTPError(
+                400, f"{action} takes no body: the disk goes to or from this server."
+            )
+        await self.call_hub(f"{action}_disk", name)
+
+
+default_handlers = [
+    (r"gputap/gpu", GPUHandler),
+    (r"gputap/server", ServerHandler),
+    (r"gputap/choices", ChoicesHandler),
+    (r"gputap/change", ChangeHandler),
+    (r"gputap/disks", DisksHandler),
+    (r"gputap/disks/([^/]+)", DiskHandler),
+    (r"gputap/disks/([^/]+)/(attach|detach)", DiskActionHandler),
+]

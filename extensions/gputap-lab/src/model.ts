@@ -1,0 +1,295 @@
+/**
+ * What the panel and the status bar show, fetched from the server extension:
+ * `gputap/gpu` every few seconds, `gputap/server` (session, account) every ~10 s,
+ * choices and disks when asked. Views listen to `changed` and tick the cost themselves.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { costMicro } from './format';
+import { RequestError, requestAPI } from './request';
+
+export interface IDevice {
+  uuid: string;
+  name: string;
+  kind: 'gpu' | 'mig';
+  memory_used_bytes: number;
+  memory_total_bytes: number;
+  utilization_percent: number | null;
+  compute_processes: number | null;
+}
+
+export interface IHistoryPoint {
+  at: string;
+  utilization_percent: number | null;
+  memory_used_bytes: number;
+  memory_total_bytes: number;
+  compute_processes: number | null;
+  busy: boolean;
+}
+
+export interface IGPUState {
+  simulated: boolean;
+  available: boolean;
+  busy: boolean;
+  message: string | null;
+  sampled_at: string | null;
+  interval_seconds: number;
+  history_seconds: number;
+  devices: IDevice[];
+  history: IHistoryPoint[];
+}
+
+export interface ISession {
+  id: string;
+  sku: string;
+  count: number;
+  price_per_hour_micro: number;
+  started_at: string;
+  billed_seconds?: number;
+  cost_micro?: number;
+  course?: string | null;
+}
+
+export interface IWarning {
+  threshold_seconds: number;
+  seconds_left: number;
+  course: string | null;
+  message: string;
+}
+
+export interface IAccount {
+  currency: string;
+  available_micro: number;
+  available: string;
+  rate_per_hour_micro: number;
+  seconds_left: number | null;
+  warnings: IWarning[];
+}
+
+export interface IChangeStatus {
+  state: 'stopping' | 'starting' | 'waiting' | 'done' | 'failed' | 'reverted';
+  from: string;
+  to: string;
+  message: string;
+  started_at: string;
+  finished_at: string | null;
+}
+
+export interface IServer {
+  user: string;
+  server: string;
+  running: boolean;
+  pending: string | null;
+  offering: string;
+  label: string;
+  count: number;
+  simulated: boolean;
+  course: string;
+  disks: { name: string; path: string }[];
+  session: ISession | null;
+  account: IAccount | null;
+  change: IChangeStatus | null;
+}
+
+export interface IChoice {
+  key: string;
+  label: string;
+  kind: string;
+  free: number;
+  total: number;
+  max_count: number;
+  price_per_hour_micro: number;
+  price_per_hour: string;
+  course: { slug: string; name: string } | null;
+  hours_left: number | null;
+  options: Record<string, unknown>;
+}
+
+export interface IChoices {
+  current: string;
+  choices: IChoice[];
+  currency: string;
+  simulated: boolean;
+}
+
+export interface IDisk {
+  name: string;
+  size_gb: number;
+  created_at: string;
+  attached_to: string | null;
+  attached_running: boolean;
+  used_bytes: number | null;
+}
+
+export interface IDisks {
+  disks: IDisk[];
+  limits: { max_disks: number; max_size_gb: number };
+  price_per_gb_hour_micro: number;
+  currency?: string;
+}
+
+/** Fetches and holds what the views show. */
+export class GPUTapModel {
+  gpu: IGPUState | null = null;
+  gpuError: string | null = null;
+  server: IServer | null = null;
+  serverError: string | null = null;
+  choices: IChoices | null = null;
+  choicesError: string | null = null;
+  disks: IDisks | null = null;
+  disksError: string | null = null;
+  /** Set while a change or a disk restart is under way: polling then stops. */
+  restarting = false;
+
+  /** Billed seconds of the session when `server` was fetched, and when (local clock). */
+  private _syncedSeconds = 0;
+  private _syncedAt = 0;
+  private _changed = new Signal<this, void>(this);
+  private _timers: number[] = [];
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Start polling: the GPU every `gpuSeconds`, the server every `serverSeconds`. */
+  start(gpuSeconds = 3, serverSeconds = 10): void {
+    void this.refreshGPU();
+    void this.refreshServer().then(() => this.refreshChoices());
+    void this.refreshDisks();
+    // a tab in the background asks nothing (the hub serves every open Lab); the cost
+    // still ticks from the last sync and is re-synced when the tab is shown again
+    const visible = () => !document.hidden;
+    this._timers.push(
+      window.setInterval(
+        () => visible() && void this.refreshGPU(),
+        gpuSeconds * 1000
+      ),
+      window.setInterval(
+        () => visible() && void this.refreshServer(),
+        serverSeconds * 1000
+      )
+    );
+    document.addEventListener('visibilitychange', this._onVisible);
+  }
+
+  dispose(): void {
+    this._timers.forEach(timer => window.clearInterval(timer));
+    this._timers = [];
+    document.removeEventListener('visibilitychange', this._onVisible);
+  }
+
+  private _onVisible = (): void => {
+    if (!document.hidden) {
+      void this.refreshServer();
+      void this.refreshGPU();
+    }
+  };
+
+  async refreshGPU(): Promise<void> {
+    if (this.restarting) {
+      return;
+    }
+    try {
+      this.gpu = await requestAPI<IGPUState>('gpu');
+      this.gpuError = null;
+    } catch (error) {
+      this.gpuError = (error as Error).message;
+    }
+    this._changed.emit();
+  }
+
+  async refreshServer(): Promise<void> {
+    if (this.restarting) {
+      return;
+    }
+    try {
+      this.server = await requestAPI<IServer>('server');
+      this.serverError = null;
+      const session = this.server.session;
+      if (session) {
+        this._syncedSeconds =
+          session.billed_seconds ??
+          (Date.now() - Date.parse(session.started_at)) / 1000;
+        this._syncedAt = Date.now();
+      }
+    } catch (error) {
+      this.serverError = (error as Error).message;
+    }
+    this._changed.emit();
+  }
+
+  async refreshChoices(): Promise<void> {
+    try {
+      this.choices = await requestAPI<IChoices>('choices');
+      this.choicesError = null;
+    } catch (error) {
+      this.choicesError = (error as Error).message;
+    }
+    this._changed.emit();
+  }
+
+  async refreshDisks(): Promise<void> {
+    try {
+      this.disks = await requestAPI<IDisks>('disks');
+      this.disksError = null;
+    } catch (error) {
+      this.disksError = (error as Error).message;
+    }
+    this._changed.emit();
+  }
+
+  /** Seconds since `server` was fetched (for what ticks between two fetches). */
+  secondsSinceSync(): number {
+    return this._syncedAt ? (Date.now() - this._syncedAt) / 1000 : 0;
+  }
+
+  /** The running session's seconds now, counted from the last sync (no clock skew). */
+  sessionSeconds(): number | null {
+    if (!this.server?.session) {
+      return null;
+    }
+    return this._syncedSeconds + this.secondsSinceSync();
+  }
+
+  /** What this server cost so far, in micro-credits, or null without a session. */
+  costSoFarMicro(): number | null {
+    const session = this.server?.session;
+    const seconds = this.sessionSeconds();
+    if (!session || seconds === null) {
+      return null;
+    }
+    return costMicro(seconds, session.price_per_hour_micro);
+  }
+
+  /** How long the account's credit lasts at its rate, counted down since the sync. */
+  secondsLeft(): number | null {
+    const left = this.server?.account?.seconds_left;
+    if (left === null || left === undefined) {
+      return null;
+    }
+    return Math.max(0, left - this.secondsSinceSync());
+  }
+
+  /** The choice this server runs on (with course hours left when a course pays). */
+  currentChoice(): IChoice | null {
+    const server = this.server;
+    if (!server || !this.choices) {
+      return null;
+    }
+    const course = server.session?.course || server.course || null;
+    return (
+      this.choices.choices.find(
+        c => c.key === server.offering && (c.course?.slug ?? null) === course
+      ) ??
+      this.choices.choices.find(c => c.key === server.offering) ??
+      null
+    );
+  }
+
+  /** The currency's name, "credits" unless billing says otherwise. */
+  get currency(): string {
+    return this.server?.account?.currency ?? this.choices?.currency ?? 'credits';
+  }
+}
+
+export { RequestError };

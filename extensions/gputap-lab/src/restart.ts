@@ -1,0 +1,172 @@
+/**
+ * Restarting this server for a change of GPU or of disks, without losing anything:
+ * confirm, save every open document, flush the workspace (layout, open tabs) to the server,
+ * ask the hub, then follow the restart and reload Lab on the same workspace.
+ */
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import {
+  Dialog,
+  IWindowResolver,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
+import { IStateDB } from '@jupyterlab/statedb';
+import { Widget } from '@lumino/widgets';
+
+import { IChangeStatus, IServer } from './model';
+import { RequestError, requestAPI } from './request';
+
+const AFTER_RELOAD_KEY = 'gputap:after-reload';
+const TERMINAL = ['done', 'failed', 'reverted'];
+
+/** What a restart needs of the application. */
+export interface IRestartContext {
+  app: JupyterFrontEnd;
+  state: IStateDB | null;
+  resolver: IWindowResolver | null;
+}
+
+/** Ask the user before a restart; true to go ahead. */
+export async function confirmRestart(
+  title: string,
+  what: string,
+  accept: string
+): Promise<boolean> {
+  const body = document.createElement('div');
+  body.dataset.testid = 'gputap-confirm';
+  for (const text of [
+    what,
+    'This restarts the server: running kernels stop and start again, so variables in memory are lost.',
+    'Open documents are saved first, and Lab comes back with the same tabs. Files and disks are kept.'
+  ]) {
+    const p = document.createElement('p');
+    p.textContent = text;
+    body.appendChild(p);
+  }
+  const result = await showDialog({
+    title,
+    body: new Widget({ node: body }),
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: accept })]
+  });
+  return result.button.accept;
+}
+
+/** Save every open document and write the workspace to the server, and wait for both. */
+export async function saveEverything(context: IRestartContext): Promise<void> {
+  const { app, state, resolver } = context;
+  if (app.commands.hasCommand('docmanager:save-all')) {
+    await app.commands.execute('docmanager:save-all');
+  }
+  // the layout restorer writes the shell's layout into the state database on change;
+  // give it a moment, then save the workspace ourselves instead of trusting the debouncer
+  await sleep(300);
+  if (state && resolver) {
+    const id = resolver.name;
+    const data = await state.toJSON();
+    await app.serviceManager.workspaces.save(id, { data, metadata: { id } });
+  }
+}
+
+/**
+ * Follow a restart until this server answers again, running and on its new options,
+ * then reload Lab. `progress` is told what is happening every poll.
+ */
+export async function followRestart(
+  initial: IChangeStatus | null,
+  progress: (text: string) => void,
+  intervalMs = 2000
+): Promise<void> {
+  let status = initial;
+  let seenDown = false;
+  const started = Date.now();
+  for (;;) {
+    await sleep(intervalMs);
+    try {
+      status = await requestAPI<IChangeStatus>('change');
+    } catch {
+      // while the server is away the hub answers in its place: keep the last status
+    }
+    let server: IServer | null = null;
+    try {
+      server = await requestAPI<IServer>('server');
+    } catch (error) {
+      if (seenDown && error instanceof RequestError && error.status === 403) {
+        // back, but this page's login is for the old server: a reload logs in again
+        reloadAfter(status);
+        return;
+      }
+      seenDown = true;
+    }
+    const elapsed = Math.round((Date.now() - started) / 1000);
+    progress(describe(status, server === null, elapsed));
+    const terminal = status !== null && TERMINAL.includes(status.state);
+    if (server && server.running && !server.pending && (seenDown || terminal)) {
+      reloadAfter(status);
+      return;
+    }
+  }
+}
+
+/** Reload Lab, leaving the outcome for the next page to tell. */
+export function reloadAfter(status: IChangeStatus | null): void {
+  if (status) {
+    try {
+      window.sessionStorage.setItem(AFTER_RELOAD_KEY, JSON.stringify(status));
+    } catch {
+      // private mode: the outcome is not told, nothing else is lost
+    }
+  }
+  window.location.reload();
+}
+
+/** After a reload: tell how the restart ended (once). */
+export function tellRestartOutcome(): void {
+  let status: IChangeStatus | null = null;
+  try {
+    const saved = window.sessionStorage.getItem(AFTER_RELOAD_KEY);
+    window.sessionStorage.removeItem(AFTER_RELOAD_KEY);
+    status = saved ? JSON.parse(saved) : null;
+  } catch {
+    return;
+  }
+  if (!status) {
+    return;
+  }
+  const text = status.message || `${status.from} → ${status.to}: ${status.state}`;
+  if (status.state === 'done') {
+    Notification.success(text, { autoClose: 8000 });
+  } else if (status.state === 'reverted' || status.state === 'failed') {
+    Notification.warning(text, { autoClose: false });
+  } else {
+    Notification.info(text, { autoClose: 8000 });
+  }
+}
+
+function describe(
+  status: IChangeStatus | null,
+  away: boolean,
+  elapsed: number
+): string {
+  const state = status?.state;
+  const target = status?.to ? ` ${status.to}` : '';
+  let text: string;
+  if (state === 'stopping') {
+    text = 'Stopping the server…';
+  } else if (state === 'waiting') {
+    text = `Waiting in the queue for${target || ' a free GPU'} (nothing is charged while waiting)…`;
+  } else if (state === 'starting') {
+    text = `Starting the server on${target || ' its new options'}…`;
+  } else if (away) {
+    text = 'The server is restarting…';
+  } else {
+    text = 'Restarting…';
+  }
+  if (status?.message) {
+    text += ` ${status.message}`;
+  }
+  return `${text} (${elapsed} s)`;
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise(resolve => window.setTimeout(resolve, ms));
+}

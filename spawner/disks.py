@@ -1,0 +1,386 @@
+"""Data disks: what a disk is, the rules of names and sizes, and the one-machine store.
+
+A disk belongs to one user and is attached to at most one of their servers; a server mounts
+the disks attached to it when it starts. A disk is deleted only when its user asks and it is
+detached: no store deletes data otherwise.
+
+Every store (:class:`LocalDiskStore` here, ``KubeDiskStore`` in kube_disks.py) answers the
+same coroutines: ``list``, ``get``, ``create``, ``delete``, ``attach``, ``detach`` and
+``attached``. Refusals are :class:`DiskError` subclasses whose message is written for the
+user; bad names and sizes are ``ValueError``.
+
+One machine: a folder ``{root}/{user}/{name}`` per disk (the user's part named as homes are,
+:func:`spawner.dirnames.safe_dirname`), its record beside it in ``{root}/{user}/.{name}.json``.
+A local server has no mount namespace of its own, so the spawner links each attached disk into
+the home at ``~/disks/{name}`` (:func:`link_disks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from .dirnames import safe_dirname
+
+#: the folder of a server's home where attached disks appear (one link per disk)
+HOME_FOLDER = "disks"
+NAME_MAX = 32
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+NAME_RULE = (
+    f"1 to {NAME_MAX} lowercase letters, digits and single hyphens, starting with a letter "
+    "and not ending with a hyphen, e.g. 'data' or 'imagenet-2024'"
+)
+
+T = TypeVar("T")
+
+
+class DiskError(Exception):
+    """A refusal the user can act on; ``status`` is the HTTP status it answers with."""
+
+    status = 409
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class DiskNotFound(DiskError):
+    status = 404
+
+
+class DiskConflict(DiskError):
+    """The name exists, the limit is reached, or the disk is attached."""
+
+    status = 409
+
+
+class DiskUnavailable(DiskError):
+    """The storage behind the disks cannot be reached (the Kubernetes API)."""
+
+    status = 503
+
+
+def check_name(name: Any) -> str:
+    """The disk name as given, or ``ValueError`` saying what a name must be.
+
+    Single hyphens only and none at the end: names become parts of Kubernetes object names
+    (``disk-{user}--{name}``), which must end with a letter or digit and where ``--``
+    separates the user's part from the disk's."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Field 'name' is required: {NAME_RULE}")
+    if len(name) > NAME_MAX or not _NAME_RE.match(name) or name.endswith("-") or "--" in name:
+        raise ValueError(f"Field 'name' must be {NAME_RULE}, not {name[:40]!r}")
+    return name
+
+
+def check_size(size_gb: Any, max_size_gb: int) -> int:
+    """The size in whole GB, or ``ValueError`` saying the bounds."""
+    if isinstance(size_gb, bool) or not isinstance(size_gb, int):
+        raise ValueError(
+            f"Field 'size_gb' must be a whole number of GB from 1 to {max_size_gb}, not {size_gb!r}"
+        )
+    if not 1 <= size_gb <= max_size_gb:
+        raise ValueError(f"Field 'size_gb' must be from 1 to {max_size_gb} GB, not {size_gb}")
+    return size_gb
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A disk's record. ``attached_to`` is a server name ("" is the default server) or None;
+    ``used_bytes`` is None where the store cannot tell (Kubernetes)."""
+
+    name: str
+    size_gb: int
+    created_at: datetime
+    attached_to: str | None = None
+    billing_session_id: str | None = None
+    used_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a store keeps it (and as the hub's API shows it)."""
+        return {
+            "name": self.name,
+            "size_gb": self.size_gb,
+            "created_at": self.created_at.isoformat(),
+            "attached_to": self.attached_to,
+            "billing_session_id": self.billing_session_id,
+            "used_bytes": self.used_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Disk:
+        return cls(
+            name=str(data["name"]),
+            size_gb=int(data["size_gb"]),
+            created_at=datetime.fromisoformat(data["created_at"]),
+            attached_to=data.get("attached_to"),
+            billing_session_id=data.get("billing_session_id"),
+            used_bytes=data.get("used_bytes"),
+        )
+
+
+class DiskStore(Protocol):
+    """What the hub's disk API and the spawners use; ``user`` is the JupyterHub username."""
+
+    max_size_gb: int
+    max_disks: int
+
+    async def list(self, user: str, usage: bool = True) -> list[Disk]:
+        """The user's disks by name; ``usage``: with the bytes each holds, where the store
+        can tell (counting them takes a while on one machine)."""
+        ...
+
+    async def get(self, user: str, name: str) -> Disk: ...
+
+    async def create(
+        self, user: str, name: str, size_gb: int, billing_session_id: str | None = None
+    ) -> Disk: ...
+
+    async def delete(self, user: str, name: str) -> Disk: ...
+
+    async def attach(self, user: str, name: str, server: str) -> Disk: ...
+
+    async def detach(self, user: str, name: str) -> Disk: ...
+
+    async def attached(self, user: str, server: str) -> list[Disk]: ...
+
+
+def not_found(user: str, name: str) -> DiskNotFound:
+    return DiskNotFound(f"{user} has no disk {name!r}")
+
+
+def check_new_disk(
+    existing: list[Disk], name: str, size_gb: Any, max_size_gb: int, max_disks: int
+) -> int:
+    """Whether a disk ``name`` of ``size_gb`` may be added to ``existing``: the size in GB,
+    ``ValueError`` for a bad name or size, DiskConflict for a taken name or a full quota."""
+    check_name(name)
+    size = check_size(size_gb, max_size_gb)
+    if any(d.name == name for d in existing):
+        raise DiskConflict(f"You already have a disk named {name!r}; pick another name.")
+    if len(existing) >= max_disks:
+        raise DiskConflict(
+            f"You have {len(existing)} disks, the most allowed; delete one you no longer "
+            "need first."
+        )
+    return size
+
+
+def used_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (links not followed). Blocking."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass  # removed while we counted
+    return total
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(root: Path) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(str(root), threading.Lock())
+
+
+class LocalDiskStore:
+    """Disks as folders under ``root``: ``{root}/{user}/{name}`` and ``{root}/{user}/.{name}.json``.
+
+    The coroutines run the file work in the default executor; the ``*_sync`` methods are the
+    same work, blocking. Changes hold one lock per root, so a count and the creation that
+    relies on it are one step."""
+
+    def __init__(self, root: str | os.PathLike[str], max_size_gb: int = 100, max_disks: int = 5):
+        self.root = Path(root).resolve()
+        self.max_size_gb = max_size_gb
+        self.max_disks = max_disks
+        self._lock = _lock_for(self.root)
+
+    # -- paths -----------------------------------------------------------------------------
+
+    def user_dir(self, user: str) -> Path:
+        return self.root / safe_dirname(user)
+
+    def folder(self, user: str, name: str) -> Path:
+        """Where the disk's files are."""
+        return self.user_dir(user) / check_name(name)
+
+    def _record_path(self, user: str, name: str) -> Path:
+        return self.user_dir(user) / f".{check_name(name)}.json"
+
+    # -- blocking work ---------------------------------------------------------------------
+
+    def _read(self, path: Path) -> Disk:
+        return Disk.from_json(json.loads(path.read_text()))
+
+    def _write(self, user: str, disk: Disk) -> None:
+        """Write the record atomically (a reader sees the old record or the new one)."""
+        target = self._record_path(user, disk.name)
+        record = {k: v for k, v in disk.to_json().items() if k != "used_bytes"}
+        fd, tmp = tempfile.mkstemp(prefix=f".{disk.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def list_sync(self, user: str, usage: bool = False) -> list[Disk]:
+        folder = self.user_dir(user)
+        disks = []
+        try:
+            entries = sorted(folder.glob(".*.json"))
+        except FileNotFoundError:
+            return []
+        for path in entries:
+            try:
+                disk = self._read(path)
+            except FileNotFoundError:
+                continue  # deleted while we listed
+            if usage:
+                disk = replace(disk, used_bytes=used_bytes(folder / disk.name))
+            disks.append(disk)
+        return sorted(disks, key=lambda d: d.name)
+
+    def get_sync(self, user: str, name: str) -> Disk:
+        try:
+            check_name(name)
+            return self._read(self._record_path(user, name))
+        except (ValueError, FileNotFoundError):
+            raise not_found(user, name) from None
+
+    def create_sync(
+        self, user: str, name: str, size_gb: int, billing_session_id: str | None = None
+    ) -> Disk:
+        with self._lock:
+            size = check_new_disk(
+                self.list_sync(user), name, size_gb, self.max_size_gb, self.max_disks
+            )
+            user_dir = self.user_dir(user)
+            user_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(user_dir, 0o711)  # servers of other users may not list the names
+            folder = user_dir / name
+            try:
+                folder.mkdir(0o700)
+            except FileExistsError:
+                # a folder without a record (an interrupted delete): never reuse its files
+                raise DiskConflict(
+                    f"A folder named {name!r} is in the way on the hub's disk store; pick "
+                    "another name, or ask an operator to look at it."
+                ) from None
+            disk = Disk(name, size, datetime.now(UTC), None, billing_session_id, 0)
+            try:
+                self._write(user, disk)
+            except BaseException:
+                folder.rmdir()
+                raise
+            return disk
+
+    def delete_sync(self, user: str, name: str) -> Disk:
+        with self._lock:
+            disk = self.get_sync(user, name)
+            if disk.attached_to is not None:
+                raise attached_conflict(disk)
+            # the files first: if that fails half way, the record stays and the user may
+            # ask again; a record never outlives nothing
+            shutil.rmtree(self.user_dir(user) / name, ignore_errors=False)
+            self._record_path(user, name).unlink()
+            return disk
+
+    def _set_attached(self, user: str, name: str, server: str | None) -> Disk:
+        with self._lock:
+            disk = replace(self.get_sync(user, name), attached_to=server)
+            self._write(user, disk)
+            return disk
+
+    def attach_sync(self, user: str, name: str, server: str) -> Disk:
+        return self._set_attached(user, name, server)
+
+    def detach_sync(self, user: str, name: str) -> Disk:
+        return self._set_attached(user, name, None)
+
+    def attached_sync(self, user: str, server: str) -> list[Disk]:
+        return [d for d in self.list_sync(user) if d.attached_to == server]
+
+    # -- the store's coroutines --------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def list(self, user: str, usage: bool = True) -> list[Disk]:
+        return await self._run(self.list_sync, user, usage)
+
+    async def get(self, user: str, name: str) -> Disk:
+        return await self._run(self.get_sync, user, name)
+
+    async def create(
+        self, user: str, name: str, size_gb: int, billing_session_id: str | None = None
+    ) -> Disk:
+        return await self._run(self.create_sync, user, name, size_gb, billing_session_id)
+
+    async def delete(self, user: str, name: str) -> Disk:
+        """Delete a detached disk and its files (DiskConflict while attached)."""
+        return await self._run(self.delete_sync, user, name)
+
+    async def attach(self, user: str, name: str, server: str) -> Disk:
+        return await self._run(self.attach_sync, user, name, server)
+
+    async def detach(self, user: str, name: str) -> Disk:
+        return await self._run(self.detach_sync, user, name)
+
+    async def attached(self, user: str, server: str) -> list[Disk]:
+        return await self._run(self.attached_sync, user, server)
+
+
+def attached_conflict(disk: Disk) -> DiskConflict:
+    where = f"server {disk.attached_to!r}" if disk.attached_to else "your default server"
+    return DiskConflict(
+        f"Disk {disk.name!r} is attached to {where}; detach it first, then delete it."
+    )
+
+
+def link_disks(home: Path, root: Path, wanted: Mapping[str, Path]) -> list[str]:
+    """Make ``{home}/disks/{name}`` a link to each wanted disk folder, and remove the links in
+    ``{home}/disks`` that point into ``root`` but are no longer wanted. Anything else there
+    (the user's own files, links elsewhere) is never touched. Blocking.
+
+    Returns the names whose link could not be made (a file of the user's is in the way).
+    Without disks, a home that has no ``disks`` folder gets none."""
+    folder = home / HOME_FOLDER
+    if not wanted and not folder.is_dir():
+        return []  # no disks, never had any: no empty folder in the home
+    folder.mkdir(parents=True, exist_ok=True)
+    blocked = []
+    for entry in folder.iterdir():
+        if not entry.is_symlink():
+            continue
+        target = Path(os.readlink(entry))
+        ours = target.is_absolute() and target.is_relative_to(root)
+        if ours and wanted.get(entry.name) != target:
+            entry.unlink()
+    for name, target in sorted(wanted.items()):
+        link = folder / name
+        if link.is_symlink() and Path(os.readlink(link)) == target:
+            continue
+        if link.exists() or link.is_symlink():
+            blocked.append(name)
+            continue
+        link.symlink_to(target, target_is_directory=True)
+    return blocked

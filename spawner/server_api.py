@@ -1,0 +1,227 @@
+"""The hub's server API for the JupyterLab extension (docs/lab.md, "The hub's server API"):
+a server's facts, what it can change to now, and changing its GPU.
+
+Hub handlers at ``{base_url}hub/gputap/api/``; ``{server}`` is ``users/{user}/server`` (the
+default server) or ``users/{user}/servers/{name}``, as in JupyterHub's REST API. Each call
+needs a scope on that server (``read:servers`` to read, ``servers`` to change); a server the
+caller may not see answers 404 exactly like one that does not exist. Whoever holds the scope
+may act: the user, their server's own token, and admins (``admin:servers``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.scopes import has_scope
+from tornado import web
+
+from .account import account_of
+from .billing_client import BillingRefused, BillingUnavailable
+from .change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
+from .form import Choice, CourseOffer, course_offers, offering_options
+from .placement import format_credits
+
+API_PATH = "gputap/api"
+#: users/{user}/server (default server: no name) or users/{user}/servers/{name}
+_SERVER = rf"/{API_PATH}/users/([^/]+)/(?:server|servers/([^/]+))"
+CHANGE_KEYS = frozenset({"options", "queue"})
+
+
+def choice_view(choice: Choice, course: CourseOffer | None = None) -> dict[str, Any]:
+    """One option the server can change to, with the ``options`` to post for it."""
+    o = choice.offering
+    price = choice.price_per_hour_micro
+    return {
+        "key": o.key,
+        "label": o.label,
+        "kind": o.kind,
+        "memory_gb": o.memory_gb,
+        "fp16_tflops": o.fp16_tflops,
+        "free": choice.free,
+        "total": choice.total,
+        "max_count": choice.max_count,
+        "price_per_hour_micro": price,
+        "price_per_hour": format_credits(price) if price is not None else None,
+        "course": {"slug": course.slug, "name": course.name} if course else None,
+        "hours_left": course.hours_left[o.key] if course else None,
+        "options": offering_options(o, course=course.slug if course else ""),
+        "alternatives": alternatives_view(choice.alternatives),
+    }
+
+
+def choices_view(
+    choices: Sequence[Choice],
+    courses: Sequence[CourseOffer],
+    *,
+    current: str | None,
+    currency: str,
+    simulated: bool,
+) -> dict[str, Any]:
+    """``GET {server}/choices``: course-funded options first (once per course, those it pays
+    for), then every option cheapest first, then CPU (the order of ``choices``)."""
+    funded = [
+        choice_view(choice, course)
+        for course in courses
+        for choice in choices
+        if choice.offering.key in course.hours_left and choice.offering.kind != "cpu"
+    ]
+    return {
+        "current": current,
+        "choices": funded + [choice_view(choice) for choice in choices],
+        "currency": currency,
+        "simulated": simulated,
+    }
+
+
+def _who(user_name: str, server_name: str) -> str:
+    return f"{user_name}/{server_name}" if server_name else user_name
+
+
+class ServerAPIHandler(APIHandler):
+    """Finds the server a request names, if the caller may see it; errors as JSON."""
+
+    def find_server(self, user_name: str, server_name: str | None, scope: str) -> tuple[Any, Any]:
+        """(user, spawner) of the named server when the caller holds ``scope`` on it; 404
+        otherwise, the same answer whether it does not exist or is not theirs to see."""
+        server_name = server_name or ""
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        missing = web.HTTPError(
+            404, f"No server {_who(user_name, server_name)}: it does not exist or is not yours"
+        )
+        wanted = f"{scope}!server={user_name}/{server_name}"
+        if not has_scope(wanted, self.parsed_scopes, db=self.db):
+            raise missing
+        user = self.find_user(user_name)
+        if user is None or server_name not in user.orm_spawners:
+            raise missing
+        return user, user.spawners[server_name]
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = (kwargs.get("exc_info") or (None, None, None))[1]
+        if not isinstance(error, ChangeRefused):
+            return super().write_error(status_code, **kwargs)
+        # a refused change names the free options to change to instead
+        self.set_header("Content-Type", "application/json")
+        body = {"status": 409, "message": error.log_message, "alternatives": error.alternatives}
+        self.finish(json.dumps(body))
+
+    def write_json(self, data: dict[str, Any], status_code: int = 200) -> None:
+        self.set_status(status_code)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(data))
+
+
+def _billing_error(e: Exception, what: str) -> web.HTTPError:
+    if isinstance(e, BillingUnavailable):
+        return web.HTTPError(
+            503,
+            f"Billing is unreachable, so {what} cannot be shown now; try again in a minute ({e})",
+        )
+    return web.HTTPError(502, f"Billing refused to show {what}: {e}")
+
+
+class ServerHandler(ServerAPIHandler):
+    """GET {server}: this server's facts, its billing session and the user's account."""
+
+    async def get(self, user_name: str, server_name: str | None = None) -> None:
+        user, spawner = self.find_server(user_name, server_name, "read:servers")
+        server_name = server_name or ""
+        record = spawner.gpu or {}
+        offering = record.get("offering")
+        try:
+            account = await account_of(spawner.billing, user.name)
+        except (BillingUnavailable, BillingRefused) as e:
+            raise _billing_error(e, "this server's cost and your credit") from None
+        session_id = record.get("session_id")
+        session = next(
+            (s for s in account.get("running") or [] if session_id and s["id"] == session_id),
+            None,
+        )
+        change = status(user.name, server_name)
+        self.write_json(
+            {
+                "user": user.name,
+                "server": server_name,
+                "running": spawner.ready,
+                "pending": spawner.pending,
+                "offering": offering,
+                "label": spawner.catalog.offering(offering).label if offering else None,
+                "count": record.get("count"),
+                "simulated": bool(record.get("simulated")),
+                "course": record.get("course", ""),
+                "disks": await spawner.attached_disks_view(),
+                "session": session,
+                "account": account,
+                "change": change.view() if change else None,
+            }
+        )
+
+
+class ChoicesHandler(ServerAPIHandler):
+    """GET {server}/choices: what the server can change to now (its own GPUs count as free)."""
+
+    async def get(self, user_name: str, server_name: str | None = None) -> None:
+        user, spawner = self.find_server(user_name, server_name, "read:servers")
+        try:
+            account = await account_of(spawner.billing, user.name)
+            courses = course_offers(await spawner.billing.courses(user.name))
+        except (BillingUnavailable, BillingRefused) as e:
+            raise _billing_error(e, "the options and their prices") from None
+        choices, simulated, _ = await spawner.choices(own_free=True)
+        current = (spawner.gpu or {}).get("offering") if spawner.ready else None
+        self.write_json(
+            choices_view(
+                choices,
+                courses,
+                current=current,
+                currency=account.get("currency", "credits"),
+                simulated=simulated,
+            )
+        )
+
+
+class ChangeHandler(ServerAPIHandler):
+    """POST {server}/change: change the server's GPU; GET: the change's status."""
+
+    async def get(self, user_name: str, server_name: str | None = None) -> None:
+        user, _ = self.find_server(user_name, server_name, "read:servers")
+        change = status(user.name, server_name or "")
+        if change is None:
+            who = _who(user.name, server_name or "")
+            raise web.HTTPError(404, f"No change of {who} was asked for since the hub started")
+        self.write_json(change.view())
+
+    async def post(self, user_name: str, server_name: str | None = None) -> None:
+        user, _ = self.find_server(user_name, server_name, "servers")
+        body = self.get_json_body()
+        example = '{"options": {"kind": "card", "card": "A100-80GB", "count": 1}, "queue": false}'
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, f"The body must be a JSON object such as {example}")
+        unknown = sorted(set(body) - CHANGE_KEYS)
+        if unknown:
+            raise web.HTTPError(
+                400, f"Unknown field(s) {', '.join(unknown)}; the body is like {example}"
+            )
+        options = body.get("options")
+        if not isinstance(options, dict):
+            raise web.HTTPError(
+                400, f"options must be an object (the choice's options), not {options!r}"
+            )
+        queue = body.get("queue", False)
+        if not isinstance(queue, bool):
+            raise web.HTTPError(400, f"queue must be true or false, not {queue!r}")
+        hub = HandlerHub(self)
+        change = await change_server(hub, user, server_name or "", options, queue=queue)
+        self.write_json(change.view(), 202)
+
+
+handlers = [
+    (rf"{_SERVER}/choices", ChoicesHandler),
+    (rf"{_SERVER}/change", ChangeHandler),
+    (_SERVER, ServerHandler),
+]

@@ -1,0 +1,189 @@
+"""The whole way through the hub, in Chromium: JupyterLab with the gputap panel on a simulated
+slice, a change of GPU that keeps the files and the open notebook, exact billing of both
+sessions, and a data disk whose file survives a second change (docs/lab.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from datetime import datetime
+
+from playwright.sync_api import Page, expect
+
+from tests.platform import ROOT
+
+NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "id": "a1",
+            "metadata": {},
+            "outputs": [],
+            "source": "print('still here')",
+        }
+    ],
+    "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+    },
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+SCREENSHOT = ROOT / "docs" / "images" / "lab-panel.png"
+
+
+def log_in(page: Page, url: str, name: str) -> None:
+    page.goto(f"{url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", "anything")
+    page.click("#login_submit")
+    page.wait_for_url(lambda url: "/hub/login" not in url)
+
+
+def open_panel(page: Page) -> None:
+    status = page.get_by_test_id("gputap-status")
+    expect(status).to_be_visible(timeout=90_000)
+    if not page.get_by_test_id("gputap-panel").is_visible():
+        status.click()
+    expect(page.get_by_test_id("gputap-panel")).to_be_visible()
+
+
+def change_to(page: Page, key: str) -> None:
+    select = page.get_by_test_id("gputap-change-select")
+    option = select.locator(f"option[data-key='{key}']")
+    expect(option).to_have_count(1, timeout=30_000)
+    select.select_option(option.get_attribute("value"))
+    page.get_by_test_id("gputap-change-button").click()
+    expect(page.get_by_test_id("gputap-confirm")).to_contain_text("running kernels stop")
+    page.locator(".jp-Dialog-button.jp-mod-warn").click()
+
+
+def contents(page: Page, base: str, path: str) -> dict:
+    """A file through the server's contents API, as Lab reads it (same origin, cookies)."""
+    return page.evaluate(
+        """async ([base, path]) => {
+            const xsrf = document.cookie.split('; ').find(c => c.startsWith('_xsrf='));
+            const r = await fetch(base + 'api/contents/' + path + '?content=1', {
+                headers: {'X-XSRFToken': xsrf ? decodeURIComponent(xsrf.slice(6)) : ''},
+            });
+            return {status: r.status, body: r.ok ? await r.json() : null};
+        }""",
+        [base, path],
+    )
+
+
+def put_text(page: Page, base: str, path: str, text: str) -> int:
+    return page.evaluate(
+        """async ([base, path, text]) => {
+            const xsrf = document.cookie.split('; ').find(c => c.startsWith('_xsrf='));
+            const r = await fetch(base + 'api/contents/' + path, {
+                method: 'PUT',
+                headers: {'Content-Type': 'application/json',
+                          'X-XSRFToken': xsrf ? decodeURIComponent(xsrf.slice(6)) : ''},
+                body: JSON.stringify({type: 'file', format: 'text', content: text}),
+            });
+            return r.status;
+        }""",
+        [base, path, text],
+    )
+
+
+def test_panel_change_gpu_keeps_work_and_bills_exact_seconds(platform, browser, tmp_path):
+    name = "lena"
+    platform.create_user(name)
+    home = platform.root / "data" / "homes" / name
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "analysis.ipynb").write_text(json.dumps(NOTEBOOK))
+    slice_ = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
+    assert platform.spawn(name, slice_).status_code in (201, 202)
+    platform.wait_ready(name)
+
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)
+    base = f"{platform.url}/user/{name}/"
+    page.goto(f"{base}lab/tree/analysis.ipynb")
+    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("analysis.ipynb")
+
+    # see: the card (simulated, so no numbers) and the cost ticking
+    open_panel(page)
+    expect(page.get_by_test_id("gputap-card")).to_contain_text("A100-80GB 1g.10gb")
+    expect(page.get_by_test_id("gputap-gpu-simulated")).to_be_visible()
+    expect(page.get_by_test_id("gputap-gpu-utilization")).to_have_count(0)
+    cost = page.get_by_test_id("gputap-cost-so-far")
+    expect(cost).to_contain_text("credits")
+    before = cost.inner_text()
+    expect(cost).not_to_have_text(before, timeout=10_000)
+    page.screenshot(path=str(tmp_path / "lab-panel.png"))
+    if os.environ.get("GPUTAP_UPDATE_SCREENSHOTS"):
+        shutil.copy(tmp_path / "lab-panel.png", SCREENSHOT)
+
+    # change: slice -> a whole RTX-4090; Lab comes back by itself on the new server
+    first_pid = platform.server(name)["state"]["pid"]
+    change_to(page, "RTX-4090")
+    expect(page.get_by_test_id("gputap-card")).to_contain_text("RTX-4090", timeout=120_000)
+    assert platform.server(name)["state"]["pid"] != first_pid
+    assert platform.server_env(name)["GPUTAP_OFFERING"] == "RTX-4090"
+    # same files, same open notebook (the workspace came back)
+    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("analysis.ipynb")
+    assert contents(page, base, "analysis.ipynb")["status"] == 200
+
+    # billing: two sessions, the old one ended, each billed its exact whole seconds
+    page.goto(f"{platform.url}/services/billing/")
+    sessions = sorted(platform.sessions(name), key=lambda s: s["started_at"])
+    assert [s["sku"] for s in sessions] == ["A100-80GB/1g.10gb", "RTX-4090"]
+    old, new = sessions
+    assert old["state"] == "ended" and new["state"] == "running"
+    exact = datetime.fromisoformat(old["ended_at"]) - datetime.fromisoformat(old["started_at"])
+    assert old["billed_seconds"] == int(exact.total_seconds())
+    assert datetime.fromisoformat(new["started_at"]) >= datetime.fromisoformat(old["ended_at"])
+    ended = page.locator(f'#sessions tr.session[data-id="{old["id"]}"]')
+    expect(ended.locator("td.seconds")).to_have_text(str(old["billed_seconds"]))
+    expect(page.locator(f'#running tr.running-session[data-id="{new["id"]}"]')).to_contain_text(
+        "RTX-4090"
+    )
+    assert platform.ledger_problems() == []
+    page.close()
+
+
+def test_disk_attached_in_lab_keeps_its_file_across_a_change_of_gpu(platform, browser):
+    name = "dora"
+    platform.create_user(name)
+    assert platform.spawn(name, {"kind": "card", "card": "T4", "count": 1}).status_code in (
+        201,
+        202,
+    )
+    platform.wait_ready(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)
+    base = f"{platform.url}/user/{name}/"
+    page.goto(f"{base}lab")
+    open_panel(page)
+
+    # create: the price shows before creating; then attach (the server restarts)
+    page.get_by_test_id("gputap-disk-name").fill("data")
+    page.get_by_test_id("gputap-disk-size").fill("5")
+    expect(page.get_by_test_id("gputap-disk-price")).to_contain_text("5 GB")
+    page.get_by_test_id("gputap-disk-create").click()
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("not attached")
+    page.get_by_test_id("gputap-disk-attach-data").click()
+    page.locator(".jp-Dialog-button.jp-mod-warn").click()
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text(
+        "attached here", timeout=120_000
+    )
+    assert put_text(page, base, "disks/data/results.csv", "epoch,loss\n1,0.5\n") == 201
+    folder = platform.root / "data" / "disks" / name / "data"
+    assert (folder / "results.csv").read_text() == "epoch,loss\n1,0.5\n"
+
+    # change the GPU again: the disk comes along, its file intact
+    change_to(page, "cpu")
+    expect(page.get_by_test_id("gputap-card")).to_contain_text("CPU", timeout=120_000)
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("attached here")
+    again = contents(page, base, "disks/data/results.csv")
+    assert again["status"] == 200 and again["body"]["content"] == "epoch,loss\n1,0.5\n"
+    [disk] = [s for s in platform.sessions(name) if s["sku"] == "disk"]
+    assert disk["count"] == 5 and disk["state"] == "running"
+    assert platform.ledger_problems() == []
+    page.close()

@@ -1,0 +1,145 @@
+"""KubeDiskStore against the simulated cluster, through the real kubernetes_asyncio client."""
+
+import asyncio
+
+import pytest
+from kubernetes_asyncio import client
+
+from spawner.disks import DiskConflict, DiskNotFound, DiskUnavailable
+from spawner.kube_disks import KubeDiskStore
+from tests.kube_sim import SimulatedCluster
+
+
+@pytest.fixture
+async def cluster():
+    async with SimulatedCluster() as c:
+        yield c
+
+
+@pytest.fixture
+async def v1(cluster):
+    config = client.Configuration(host=cluster.url)
+    async with client.ApiClient(config) as api_client:
+        v1 = client.CoreV1Api(api_client)
+        await v1.create_namespace({"metadata": {"name": "gputap"}})
+        yield v1
+
+
+@pytest.fixture
+def store(v1):
+    return KubeDiskStore(v1, "gputap", "fast-ssd", max_size_gb=50, max_disks=2)
+
+
+async def claims(v1):
+    return (await v1.list_namespaced_persistent_volume_claim("gputap")).items
+
+
+async def test_a_disk_is_a_labelled_claim_with_its_record(store, v1):
+    disk = await store.create("alice", "data", 10, "session-1")
+    assert (disk.name, disk.size_gb, disk.attached_to, disk.billing_session_id) == (
+        "data",
+        10,
+        None,
+        "session-1",
+    )
+    [claim] = await claims(v1)
+    assert claim.metadata.name == "disk-alice--data"
+    assert claim.metadata.labels == {
+        "app.kubernetes.io/managed-by": "gputap",
+        "gputap.io/disk": "true",
+        "hub.jupyter.org/username": "alice",
+    }
+    assert claim.metadata.annotations == {
+        "hub.jupyter.org/username": "alice",
+        "gputap.io/disk-name": "data",
+        "gputap.io/created-at": disk.created_at.isoformat(),
+        "gputap.io/billing-session": "session-1",
+    }
+    assert claim.spec.resources.requests == {"storage": "10Gi"}
+    assert claim.spec.storage_class_name == "fast-ssd"
+    assert claim.spec.access_modes == ["ReadWriteOnce"]
+    assert await store.get("alice", "data") == disk
+    assert await store.list("alice") == [disk]
+
+
+async def test_attach_detach_and_delete(store, v1):
+    await store.create("alice", "data", 10)
+    attached = await store.attach("alice", "data", "")
+    assert attached.attached_to == ""  # the default server, not "detached"
+    [claim] = await claims(v1)
+    assert claim.metadata.annotations["gputap.io/attached-to"] == ""
+    assert [d.name for d in await store.attached("alice", "")] == ["data"]
+    assert (await store.attach("alice", "data", "gpu")).attached_to == "gpu"
+    assert await store.attached("alice", "") == []
+    with pytest.raises(DiskConflict, match="detach it first"):
+        await store.delete("alice", "data")
+    assert len(await claims(v1)) == 1
+
+    assert (await store.detach("alice", "data")).attached_to is None
+    [claim] = await claims(v1)
+    assert "gputap.io/attached-to" not in claim.metadata.annotations
+    await store.delete("alice", "data")
+    assert await claims(v1) == []
+    with pytest.raises(DiskNotFound):
+        await store.get("alice", "data")
+    with pytest.raises(DiskNotFound):
+        await store.attach("alice", "data", "")
+
+
+async def test_users_see_only_their_own_disks(store, v1):
+    await store.create("alice", "data", 1)
+    await store.create("alice-x", "data", 1)
+    await store.create("Ada@Lovelace", "data", 1)
+    assert [d.name for d in await store.list("alice")] == ["data"]
+    assert [d.name for d in await store.list("Ada@Lovelace")] == ["data"]
+    assert await store.list("bob") == []
+    with pytest.raises(DiskNotFound):
+        await store.get("bob", "data")
+    # a claim of someone else's, labelled like alice's, is not hers
+    await v1.create_namespaced_persistent_volume_claim(
+        "gputap",
+        {
+            "metadata": {
+                "name": "home-alice",
+                "labels": {"gputap.io/disk": "true", "hub.jupyter.org/username": "alice"},
+                "annotations": {"hub.jupyter.org/username": "mallory"},
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
+    assert [d.name for d in await store.list("alice")] == ["data"]
+
+
+async def test_limits_and_bad_input_change_nothing(store, v1):
+    await store.create("alice", "data", 10)
+    with pytest.raises(DiskConflict, match="already have"):
+        await store.create("alice", "data", 10)
+    with pytest.raises(ValueError, match="size_gb"):
+        await store.create("alice", "big", 51)
+    with pytest.raises(ValueError, match="name"):
+        await store.create("alice", "no--pe", 1)
+    results = await asyncio.gather(
+        *(store.create("alice", f"d{i}", 1) for i in range(4)), return_exceptions=True
+    )
+    assert sum(not isinstance(r, Exception) for r in results) == 1
+    assert len(await claims(v1)) == 2
+
+
+async def test_an_unreachable_api_is_said_plainly(store, cluster):
+    cluster.faults.fail_requests(1.0, code=503)
+    with pytest.raises(DiskUnavailable, match="cannot be read or changed"):
+        await store.list("alice")
+    with pytest.raises(DiskUnavailable):
+        await store.create("alice", "data", 1)
+    cluster.faults.clear()
+    assert await store.list("alice") == []
+
+
+async def test_a_missing_namespace_is_the_operators_to_fix(v1):
+    store = KubeDiskStore(v1, "nowhere")
+    assert await store.list("alice") == []  # as the real API lists a missing namespace
+    with pytest.raises(DiskUnavailable, match="cannot be read or changed"):
+        await store.create("alice", "data", 1)

@@ -1,0 +1,206 @@
+"""The sampler, the readers' choice of devices and the hub client's URLs, without a server."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import pytest
+
+from gputap_lab import gpu, sampler
+from gputap_lab.gpu import DeviceSample, GPUUnavailable, NvmlReader, visible_devices
+from gputap_lab.hub import HubClient, HubNotConfigured, gputap_api_url, server_path
+from gputap_lab.sampler import ACTIVITY_KEY, Sampler, history_point, is_busy
+from tests.lab.fake_gpu import BusyGPU, BusyMIG, IdleGPU, IdleMIG, NoNVML
+
+GIB = 1024**3
+log = logging.getLogger("test")
+
+
+def device(utilization: int | None, processes: int | None = 0) -> DeviceSample:
+    return DeviceSample(
+        uuid="GPU-1",
+        name="NVIDIA H200",
+        kind="gpu" if utilization is not None else "mig",
+        memory_used_bytes=GIB,
+        memory_total_bytes=4 * GIB,
+        utilization_percent=utilization,
+        compute_processes=processes,
+    )
+
+
+@pytest.mark.parametrize(
+    "devices,busy",
+    [
+        ([], False),
+        ([device(9)], False),
+        ([device(10)], True),
+        ([device(0), device(55)], True),
+        ([device(None, 0)], False),
+        ([device(None, 2)], True),
+        ([device(None, None)], False),
+    ],
+)
+def test_is_busy(devices, busy):
+    assert is_busy(devices, 10) is busy
+
+
+def test_history_point_adds_devices_up():
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+    point = history_point(at, [device(20, 1), device(41, 2)], True)
+    assert point == {
+        "at": "2026-11-30T10:00:00+00:00",
+        "utilization_percent": 30,
+        "memory_used_bytes": 2 * GIB,
+        "memory_total_bytes": 8 * GIB,
+        "compute_processes": 3,
+        "busy": True,
+    }
+    assert history_point(at, [device(None, 0)], False)["utilization_percent"] is None
+
+
+def make_sampler(reader, settings, **kwargs) -> Sampler:
+    return Sampler(
+        reader,
+        simulated=kwargs.pop("simulated", False),
+        interval_seconds=1,
+        history_seconds=kwargs.pop("history_seconds", 3),
+        busy_utilization_percent=10,
+        settings=settings,
+        log=log,
+    )
+
+
+async def test_busy_marks_activity_idle_does_not(monkeypatch):
+    times = iter(datetime(2026, 11, 30, 10, 0, s, tzinfo=UTC) for s in range(60))
+    monkeypatch.setattr(sampler, "utcnow", lambda: next(times))
+    settings: dict = {}
+    idle = make_sampler(IdleGPU(["GPU-1"]), settings)
+    await idle.sample_once()
+    assert ACTIVITY_KEY not in settings
+    assert idle.to_json()["busy"] is False
+
+    busy = make_sampler(BusyGPU(["GPU-1"]), settings)
+    await busy.sample_once()
+    first = settings[ACTIVITY_KEY]
+    await busy.sample_once()
+    assert settings[ACTIVITY_KEY] > first
+    assert settings[ACTIVITY_KEY].tzinfo is UTC
+
+
+async def test_mig_activity_by_processes():
+    settings: dict = {}
+    await make_sampler(IdleMIG(["MIG-1"]), settings).sample_once()
+    assert ACTIVITY_KEY not in settings
+    await make_sampler(BusyMIG(["MIG-1"]), settings).sample_once()
+    assert ACTIVITY_KEY in settings
+
+
+async def test_history_is_bounded():
+    s = make_sampler(IdleGPU(["GPU-1"]), {}, history_seconds=3)
+    for _ in range(10):
+        await s.sample_once()
+    assert len(s.to_json()["history"]) == 3
+
+
+async def test_unavailable_reader_shows_why_and_no_numbers():
+    settings: dict = {}
+    s = make_sampler(NoNVML(["GPU-1"]), settings)
+    await s.sample_once()
+    answer = s.to_json()
+    assert answer["available"] is False
+    assert answer["devices"] == [] and answer["history"] == []
+    assert answer["message"].startswith("NVML is not available")
+    assert ACTIVITY_KEY not in settings
+
+
+def test_simulated_and_cpu_only_have_no_reader():
+    assert make_sampler(None, {}, simulated=True).to_json()["message"] == (
+        "simulated card: no live numbers"
+    )
+    assert make_sampler(None, {}).to_json()["message"] == "CPU-only server: no GPU"
+
+
+async def test_sampler_start_and_stop_close_the_reader():
+    reader = IdleGPU(["GPU-1"])
+    closed = []
+    reader.close = lambda: closed.append(True)
+    s = make_sampler(reader, {})
+    s.start()
+    await s.stop()
+    assert closed == [True]
+
+
+@pytest.mark.parametrize(
+    "env,devices",
+    [
+        ({"CUDA_VISIBLE_DEVICES": "MIG-a,MIG-b"}, ["MIG-a", "MIG-b"]),
+        ({"CUDA_VISIBLE_DEVICES": " GPU-a "}, ["GPU-a"]),
+        ({"CUDA_VISIBLE_DEVICES": ""}, []),
+        ({"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "GPU-x"}, []),
+        ({"NVIDIA_VISIBLE_DEVICES": "MIG-k8s"}, ["MIG-k8s"]),
+        ({"NVIDIA_VISIBLE_DEVICES": "void"}, []),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, None),
+        ({}, None),
+    ],
+)
+def test_visible_devices(env, devices):
+    assert visible_devices(env) == devices
+
+
+def test_nvml_reader_without_the_library(monkeypatch):
+    """Where nvmlInit fails (no library, no driver), read says why; no numbers, no retry."""
+    calls = []
+
+    def init():
+        calls.append("init")
+        raise gpu.pynvml.NVMLError(gpu.pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(gpu.pynvml, "nvmlInit", init)
+    reader = NvmlReader(["GPU-1"])
+    for _ in range(2):
+        with pytest.raises(GPUUnavailable, match="NVML is not available"):
+            reader.read()
+    assert calls == ["init"]
+    reader.close()
+
+
+def test_nvml_is_not_initialised_at_import(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu.pynvml, "nvmlInit", lambda: calls.append("init"))
+    NvmlReader(["GPU-1"])
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "api,expected",
+    [
+        ("http://127.0.0.1:8081/hub/api", "http://127.0.0.1:8081/hub/gputap/api/"),
+        ("http://hub:8081/prefix/hub/api/", "http://hub:8081/prefix/hub/gputap/api/"),
+    ],
+)
+def test_gputap_api_url(api, expected):
+    assert gputap_api_url(api) == expected
+
+
+def test_server_path():
+    assert server_path("alice", "") == "users/alice/server"
+    assert server_path("a b", "gpu/1") == "users/a%20b/servers/gpu%2F1"
+
+
+def test_hub_client_from_env():
+    missing = HubClient.from_env({"JUPYTERHUB_API_URL": "http://h/hub/api"})
+    assert isinstance(missing, HubNotConfigured)
+    assert missing.status == 503
+    assert "JUPYTERHUB_API_TOKEN, JUPYTERHUB_USER not set" in missing.message
+    client = HubClient.from_env(
+        {
+            "JUPYTERHUB_API_URL": "http://h/hub/api",
+            "JUPYTERHUB_API_TOKEN": "secret",
+            "JUPYTERHUB_USER": "alice",
+            "JUPYTERHUB_SERVER_NAME": "big",
+        }
+    )
+    assert isinstance(client, HubClient)
+    assert client.base == "http://h/hub/gputap/api/"
+    assert client.who == "alice/big"

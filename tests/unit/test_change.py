@@ -1,0 +1,202 @@
+"""The change of a server's GPU as a state machine, against a stand-in of the hub's stop and
+start: done, reverted when the new start fails, failed when nothing starts, and refusals
+that stop nothing."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from tornado import web
+
+from spawner import change
+from spawner.billing_client import BillingUnavailable
+from spawner.catalog import Catalog
+from spawner.change import ChangeRefused, change_server
+from spawner.placement import Alternative, Placement, Refusal, parse_options
+
+CATALOG = Catalog.load()
+SLICE = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
+RTX = {"kind": "card", "card": "RTX-4090", "count": 1}
+FITS = Placement(CATALOG.offering("RTX-4090"), 1, "ws", 5_000_000)
+SOLD_OUT = Refusal(
+    "No RTX-4090 free now (0 of 2 free)", (Alternative(CATALOG.offering("T4"), 1, 1_500_000),)
+)
+
+
+class Billing:
+    def __init__(self) -> None:
+        self.up = True
+
+    async def account(self, username: str) -> dict:
+        if not self.up:
+            raise BillingUnavailable("billing unreachable: Connection refused")
+        return {"username": username}
+
+
+class Spawner:
+    """What a change reads of a running server's spawner."""
+
+    catalog = CATALOG
+
+    def __init__(self, answer: Placement | Refusal) -> None:
+        self.answer = answer
+        self.pending: str | None = None
+        self.ready = True
+        self.user_options = dict(SLICE)
+        self.gpu: dict | None = {"offering": "A100-80GB/1g.10gb"}
+        self.queue_note = ""
+        self.billing = Billing()
+
+    def parse_server_options(self, options):
+        return parse_options(options, CATALOG)
+
+    async def fits_after_stop(self, options):
+        return self.answer
+
+
+class Hub:
+    """The hub's stop and start: ``failing`` lists the offering keys whose start fails."""
+
+    def __init__(self, spawner: Spawner, failing=(), stop_fails=False, queue_for=0.0) -> None:
+        self.the_spawner = spawner
+        self.failing = set(failing)
+        self.stop_fails = stop_fails
+        self.queue_for = queue_for
+        self.calls: list[tuple] = []
+
+    def spawner(self, user, server_name):
+        return self.the_spawner
+
+    async def stop(self, user, server_name):
+        self.calls.append(("stop", server_name))
+        if self.stop_fails:
+            raise RuntimeError("it did not stop")
+        self.the_spawner.ready, self.the_spawner.gpu = False, None
+
+    async def start(self, user, server_name, options):
+        self.calls.append(("start", dict(options)))
+        key = "RTX-4090" if options.get("kind") == "card" else "A100-80GB/1g.10gb"
+        if self.queue_for:
+            self.the_spawner.queue_note = "waiting for a free RTX-4090: 1st in queue"
+            await asyncio.sleep(self.queue_for)
+            self.the_spawner.queue_note = ""
+        await asyncio.sleep(0)
+        if key in self.failing:
+            raise web.HTTPError(409, f"No {key} free now (0 of 2 free).")
+        self.the_spawner.ready, self.the_spawner.gpu = True, {"offering": key}
+        self.the_spawner.user_options = options
+
+
+@pytest.fixture(autouse=True)
+def no_changes(monkeypatch):
+    monkeypatch.setattr(change, "_changes", {})
+    monkeypatch.setattr(change, "QUEUE_LOOK_SECONDS", 0.01)
+
+
+ALICE = SimpleNamespace(name="alice")
+
+
+async def finished(record: change.Change) -> change.Change:
+    """The record once the change's background task is over."""
+    await asyncio.wait_for(asyncio.gather(*change._tasks), 5)
+    return record
+
+
+async def test_a_change_stops_then_starts_with_the_new_options(caplog):
+    spawner = Spawner(FITS)
+    hub = Hub(spawner)
+    caplog.set_level("INFO", logger="tornado.application")
+    record = await change_server(hub, ALICE, "", RTX)
+    assert record.state == "stopping"
+    assert (record.from_key, record.to_key) == ("A100-80GB/1g.10gb", "RTX-4090")
+    await finished(record)
+    assert record.state == "done" and record.message == "Now running on RTX-4090."
+    assert hub.calls == [("stop", ""), ("start", RTX)]
+    assert record.view()["finished_at"] is not None
+    states = [m.split(": ")[2] for m in caplog.messages if m.startswith("alice: change")]
+    assert states == ["stopping", "starting", "done"]
+    assert change.status("alice", "") is record
+
+
+async def test_a_failed_new_start_goes_back_to_the_old_options():
+    spawner = Spawner(FITS)
+    spawner.user_options = {**SLICE, "queue": True}
+    hub = Hub(spawner, failing={"RTX-4090"})
+    record = await finished(await change_server(hub, ALICE, "", RTX))
+    assert record.state == "reverted"
+    assert record.message == (
+        "The RTX-4090 server did not start (No RTX-4090 free now (0 of 2 free)); you are back "
+        "on the A100-80GB 1g.10gb slice server."
+    )
+    # the old server starts again without waiting in any line
+    assert hub.calls == [("stop", ""), ("start", RTX), ("start", SLICE)]
+
+
+async def test_when_neither_starts_the_change_failed_and_says_what_to_do():
+    hub = Hub(Spawner(FITS), failing={"RTX-4090", "A100-80GB/1g.10gb"})
+    record = await finished(await change_server(hub, ALICE, "gpu", RTX))
+    assert record.state == "failed" and record.who == "alice/gpu"
+    assert "nor did the A100-80GB 1g.10gb slice one" in record.message
+    assert "Start your server again from the hub's home page" in record.message
+
+
+async def test_a_server_that_does_not_stop_is_not_started_again():
+    hub = Hub(Spawner(FITS), stop_fails=True)
+    record = await finished(await change_server(hub, ALICE, "", RTX))
+    assert record.state == "failed" and "could not be stopped (it did not stop)" in record.message
+    assert hub.calls == [("stop", "")]
+
+
+async def test_sold_out_is_refused_with_alternatives_and_nothing_stops():
+    hub = Hub(Spawner(SOLD_OUT))
+    with pytest.raises(ChangeRefused) as refused:
+        await change_server(hub, ALICE, "", RTX)
+    assert refused.value.status_code == 409
+    assert "Your server was not stopped" in refused.value.log_message
+    [alternative] = refused.value.alternatives
+    assert alternative["options"] == {"kind": "card", "card": "T4", "count": 1}
+    assert alternative["price_per_hour"] == "1.50"
+    assert hub.calls == [] and change.status("alice", "") is None
+
+
+async def test_sold_out_with_the_queue_waits_and_shows_it():
+    hub = Hub(Spawner(SOLD_OUT), queue_for=0.2)
+    record = await change_server(hub, ALICE, "", RTX, queue=True)
+    seen = set()
+    while record.active:
+        seen.add((record.state, record.message))
+        await asyncio.sleep(0.01)
+    assert ("waiting", "waiting for a free RTX-4090: 1st in queue") in seen
+    assert record.state == "done"
+    assert hub.calls[1] == ("start", {**RTX, "queue": True})
+
+
+@pytest.mark.parametrize(
+    "setup,code,message",
+    [
+        (lambda s: setattr(s, "ready", False), 409, "alice is not running"),
+        (lambda s: setattr(s, "pending", "spawn"), 409, "alice is still starting"),
+        (lambda s: setattr(s, "pending", "stop"), 409, "alice is busy (stop pending)"),
+        (lambda s: setattr(s.billing, "up", False), 503, "yours was not stopped"),
+    ],
+)
+async def test_refusals_stop_nothing(setup, code, message):
+    spawner = Spawner(FITS)
+    setup(spawner)
+    hub = Hub(spawner)
+    with pytest.raises(web.HTTPError) as refused:
+        await change_server(hub, ALICE, "", RTX)
+    assert refused.value.status_code == code and message in refused.value.log_message
+    assert hub.calls == []
+
+
+async def test_bad_options_are_a_400_and_a_second_change_waits_for_the_first():
+    hub = Hub(Spawner(FITS))
+    with pytest.raises(web.HTTPError) as refused:
+        await change_server(hub, ALICE, "", {"kind": "card", "card": "B300"})
+    assert refused.value.status_code == 400 and "unknown card 'B300'" in refused.value.log_message
+    first = await change_server(hub, ALICE, "", RTX)
+    with pytest.raises(web.HTTPError) as busy:
+        await change_server(hub, ALICE, "", SLICE)
+    assert busy.value.status_code == 409 and "already changing" in busy.value.log_message
+    await finished(first)

@@ -1,0 +1,223 @@
+"""Data disks without a hub: names, sizes, the one-machine store, and the links in homes."""
+
+import asyncio
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spawner.disks import (
+    Disk,
+    DiskConflict,
+    DiskNotFound,
+    LocalDiskStore,
+    check_name,
+    check_size,
+    link_disks,
+)
+from spawner.kube_disks import claim_name, disk_pod_settings, link_script
+
+
+@pytest.mark.parametrize("name", ["a", "data", "imagenet-2024", "x1", "a" * 32, "a-b-c"])
+def test_good_names_are_kept(name):
+    assert check_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "1data", "-data", "data-", "Data", "da_ta", "da--ta", "a" * 33, "dätä", "a/b", ".x", None],
+)
+def test_bad_names_say_what_a_name_must_be(name):
+    with pytest.raises(ValueError) as e:
+        check_name(name)
+    assert "Field 'name'" in str(e.value) and "starting with a letter" in str(e.value)
+
+
+def test_sizes_are_whole_gb_within_the_limit():
+    assert check_size(1, 100) == 1
+    assert check_size(100, 100) == 100
+    for bad in (0, 101, -1, 1.5, "10", True, None):
+        with pytest.raises(ValueError) as e:
+            check_size(bad, 100)
+        assert "Field 'size_gb'" in str(e.value) and "100" in str(e.value)
+
+
+def test_a_record_survives_json():
+    disk = Disk("data", 10, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "", "s-1", 42)
+    assert Disk.from_json(json.loads(json.dumps(disk.to_json()))) == disk
+
+
+# -- the one-machine store ----------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path):
+    return LocalDiskStore(tmp_path / "disks", max_size_gb=50, max_disks=2)
+
+
+async def test_create_list_attach_detach_delete(store, tmp_path):
+    disk = await store.create("alice", "data", 10, "session-1")
+    assert (disk.name, disk.size_gb, disk.attached_to, disk.billing_session_id) == (
+        "data",
+        10,
+        None,
+        "session-1",
+    )
+    folder = tmp_path / "disks" / "alice" / "data"
+    assert folder.is_dir() and store.folder("alice", "data") == folder
+    (folder / "weights.bin").write_bytes(b"x" * 1000)
+    [listed] = await store.list("alice")
+    assert listed.used_bytes == 1000 and listed.created_at == disk.created_at
+
+    assert (await store.attach("alice", "data", "")).attached_to == ""  # the default server
+    assert [d.name for d in await store.attached("alice", "")] == ["data"]
+    assert await store.attached("alice", "gpu") == []
+    with pytest.raises(DiskConflict, match="detach it first"):
+        await store.delete("alice", "data")
+    assert (folder / "weights.bin").exists()  # refused: nothing deleted
+
+    assert (await store.attach("alice", "data", "gpu")).attached_to == "gpu"  # moved
+    assert (await store.detach("alice", "data")).attached_to is None
+    await store.delete("alice", "data")
+    assert not folder.exists() and await store.list("alice") == []
+    with pytest.raises(DiskNotFound):
+        await store.get("alice", "data")
+
+
+async def test_users_are_apart_and_names_are_safe(store, tmp_path):
+    await store.create("alice", "data", 1)
+    await store.create("../bob", "data", 1)
+    assert [d.name for d in await store.list("alice")] == ["data"]
+    assert sorted(p.name for p in (tmp_path / "disks").iterdir()) == ["-2e-.-2f-bob", "alice"]
+    assert await store.list("carol") == []
+    with pytest.raises(DiskNotFound):
+        await store.get("alice", "../alice/data")
+
+
+async def test_refusals_change_nothing(store, tmp_path):
+    await store.create("alice", "data", 10)
+    with pytest.raises(DiskConflict, match="already have a disk named 'data'"):
+        await store.create("alice", "data", 5)
+    with pytest.raises(ValueError, match="size_gb"):
+        await store.create("alice", "big", 51)
+    with pytest.raises(ValueError, match="name"):
+        await store.create("alice", "Big", 5)
+    await store.create("alice", "second", 1)
+    with pytest.raises(DiskConflict, match="You have 2 disks, the most allowed"):
+        await store.create("alice", "third", 1)
+    assert [d.name for d in await store.list("alice")] == ["data", "second"]
+    assert sorted(p.name for p in (tmp_path / "disks" / "alice").iterdir()) == [
+        ".data.json",
+        ".second.json",
+        "data",
+        "second",
+    ]
+    assert (await store.get("alice", "data")).size_gb == 10
+
+
+async def test_a_leftover_folder_is_never_reused(store, tmp_path):
+    (tmp_path / "disks" / "alice" / "data").mkdir(parents=True)
+    (tmp_path / "disks" / "alice" / "data" / "old.txt").write_text("someone's")
+    with pytest.raises(DiskConflict, match="in the way"):
+        await store.create("alice", "data", 1)
+    assert (tmp_path / "disks" / "alice" / "data" / "old.txt").read_text() == "someone's"
+    assert await store.list("alice") == []
+
+
+async def test_concurrent_creates_never_pass_the_limit(store):
+
+    results = await asyncio.gather(
+        *(store.create("alice", f"d{i}", 1) for i in range(6)), return_exceptions=True
+    )
+    assert sum(isinstance(r, Disk) for r in results) == 2
+    assert all(isinstance(r, Disk | DiskConflict) for r in results)
+    assert len(await store.list("alice")) == 2
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_any_name_is_a_valid_name_or_a_value_error(name):
+    try:
+        check_name(name)
+    except ValueError:
+        return
+    assert "/" not in name and not name.startswith(".") and claim_name("u", name).endswith(name)
+
+
+# -- links in homes -----------------------------------------------------------------------
+
+
+def test_links_follow_attachments_and_touch_nothing_else(tmp_path):
+    root, home = tmp_path / "disks", tmp_path / "home"
+    home.mkdir()
+    assert link_disks(home, root, {}) == []
+    assert list(home.iterdir()) == []  # no disks: no empty folder in the home
+    a, b = root / "alice" / "a", root / "alice" / "b"
+    a.mkdir(parents=True), b.mkdir(parents=True)
+    assert link_disks(home, root, {"a": a, "b": b}) == []
+    assert os.readlink(home / "disks" / "a") == str(a)
+    (home / "disks" / "a" / "file").write_text("on the disk")
+    assert (a / "file").read_text() == "on the disk"
+
+    (home / "disks" / "notes.txt").write_text("mine")
+    (home / "disks" / "elsewhere").symlink_to(tmp_path)
+    (home / "disks" / "gone").symlink_to(root / "alice" / "deleted")  # a deleted disk's link
+    assert link_disks(home, root, {"b": b}) == []
+    assert sorted(p.name for p in (home / "disks").iterdir()) == ["b", "elsewhere", "notes.txt"]
+    assert (a / "file").exists()  # unlinking never touches the disk
+
+    (home / "disks" / "a").mkdir()  # the user's own folder where a link would go
+    assert link_disks(home, root, {"a": a, "b": b}) == ["a"]
+    assert not (home / "disks" / "a").is_symlink()
+
+
+# -- Kubernetes pod parts -----------------------------------------------------------------
+
+
+def test_claims_of_different_users_and_disks_never_share_a_name():
+    assert claim_name("alice", "data") == "disk-alice--data"
+    assert claim_name("a", "b-c") != claim_name("a-b", "c")
+    assert claim_name("Ada@Lovelace", "x").startswith("disk-ada-lovelace---")
+
+
+def test_pods_mount_each_attached_disk():
+    settings = disk_pod_settings("alice", ["data", "cache"])
+    assert settings["volumes"] == [
+        {"name": "disk-cache", "persistentVolumeClaim": {"claimName": "disk-alice--cache"}},
+        {"name": "disk-data", "persistentVolumeClaim": {"claimName": "disk-alice--data"}},
+    ]
+    assert settings["volume_mounts"] == [
+        {"name": "disk-cache", "mountPath": "/mnt/disks/cache"},
+        {"name": "disk-data", "mountPath": "/mnt/disks/data"},
+    ]
+    assert settings["lifecycle_hooks"]["postStart"]["exec"]["command"][:2] == ["sh", "-c"]
+
+
+def _run_hook(script: str, home: Path) -> None:
+    subprocess.run(
+        ["sh", "-c", script], env={"HOME": str(home), "PATH": "/bin:/usr/bin"}, check=True
+    )
+
+
+def test_the_pod_hook_links_mounted_disks_into_the_home(tmp_path):
+    mounts, home = tmp_path / "mnt", tmp_path / "home"
+    (mounts / "data").mkdir(parents=True)
+    (mounts / "cache").mkdir()
+    home.mkdir()
+    _run_hook(link_script([], str(mounts)), home)
+    assert list(home.iterdir()) == []  # no disks: no empty folder in the home
+    _run_hook(link_script(["data", "cache"], str(mounts)), home)
+    assert os.readlink(home / "disks" / "data") == f"{mounts}/data"
+    assert os.readlink(home / "disks" / "cache") == f"{mounts}/cache"
+
+    (home / "disks" / "mine").write_text("mine")
+    (home / "disks" / "other").symlink_to("/tmp")
+    _run_hook(link_script(["data"], str(mounts)), home)  # cache detached
+    assert sorted(p.name for p in (home / "disks").iterdir()) == ["data", "mine", "other"]
+    _run_hook(link_script([], str(mounts)), home)  # no disks: only ours go
+    assert sorted(p.name for p in (home / "disks").iterdir()) == ["mine", "other"]
+    assert (mounts / "data").is_dir()
