@@ -14,7 +14,7 @@ cycle under 1 s. Needs PostgreSQL at ``GPUTAP_TEST_POSTGRES_URL`` (default
 postgresql+psycopg://postgres@127.0.0.1:5432/postgres); a scratch database is created and
 dropped.
 
-    .venv/bin/python bench/billing_pg.py [--sessions 10000] [--cycles 5] [--batch 100] [--workers 3]
+    .venv/bin/python bench/billing_pg.py [--sessions 10000] [--cycles 5] [--batch 50] [--workers 3]
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--cycles", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     name = f"gputap_billing_bench_{uuid.uuid4().hex[:8]}"

@@ -21,7 +21,7 @@ class BillingConfig:
     reconcile_interval_seconds: float
     price_book: PriceBook
     charge_interval_seconds: int = 30
-    charge_batch_size: int = 100
+    charge_batch_size: int = 50
     charge_workers: int = 1
     hold_seconds: int = 900
     #: thresholds of the "credit runs out soon" warnings, in seconds, largest first
@@ -115,7 +115,7 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
             section.get("shared_percent", 25),
         ),
         charge_interval_seconds=charge_interval,
-        charge_batch_size=_positive_int(section, "charge_batch_size", 1, default=100),
+        charge_batch_size=_positive_int(section, "charge_batch_size", 1, default=50),
         charge_workers=_charge_workers(section, url),
         hold_seconds=_positive_int(section, "hold_seconds", 1, default=900),
         warning_seconds=tuple(sorted({round(m * 60) for m in warnings}, reverse=True)),

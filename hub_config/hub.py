@@ -34,6 +34,8 @@ SERVER_TOKEN_SCOPES = [
     "servers!server",
     f"{DISKS_SCOPE}!user",
 ]
+#: the largest data disk billing can meter (its session count limit)
+MAX_DISK_GB = 1000
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -190,10 +192,15 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
     from spawner import disk_api
 
     limits = {"max_size_gb": 100, "max_disks": 5}
+    # billing meters a disk as a session of count = GB, and counts stop at MAX_DISK_GB
+    highest = {"max_size_gb": MAX_DISK_GB, "max_disks": 1000}
     for key in limits:
         value = disks.get(key, limits[key])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SettingsError(f"spawner.disks.{key} must be a whole number from 1, not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= highest[key]:
+            raise SettingsError(
+                f"spawner.disks.{key} must be a whole number from 1 to {highest[key]}, "
+                f"not {value!r}"
+            )
         limits[key] = value
     c.GPUSpawnerMixin.disk_max_size_gb = limits["max_size_gb"]
     c.GPUSpawnerMixin.max_disks = limits["max_disks"]
