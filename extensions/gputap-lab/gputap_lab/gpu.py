@@ -49,14 +49,6 @@ class GPUReader(Protocol):
         """One sample per device; blocks; raises GPUUnavailable when numbers cannot be had."""
         ...
 
-    @staticmethod
-    def _utilization(handle: Any) -> int | None:
-        try:
-            return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except pynvml.NVMLError_NotSupported:
-            # a whole GPU in MIG mode has no utilisation either
-            return None
-
     def close(self) -> None:
         """Let go of the library; called once when the server stops."""
         ...
