@@ -21,7 +21,7 @@ from traitlets.config import LoggingConfigurable
 
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .catalog import CPU_KEY, Catalog
-from .disks import Disk, DiskError, DiskStore
+from .disks import Disk, DiskError
 from .form import Choice, course_offers, options_from_form, preview_answer, render_form
 from .placement import (
     CardRequest,
@@ -245,27 +245,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     # -- data disks ----------------------------------------------------------------------
 
-    @property
-    def disk_store(self) -> DiskStore:
-        """The user's data disks (spawner/disks.py); each backend provides its store."""
-        raise NotImplementedError(f"{type(self).__name__} has no data disks")
+    # each backend provides ``disk_store`` (a DiskStore of spawner/disks.py) and
+    # ``disk_path(name)``, where disk ``name`` appears inside this user's servers
 
-    def disk_path(self, name: str) -> str:
-        """Where disk ``name`` appears inside this user's servers; each backend says."""
-        raise NotImplementedError(f"{type(self).__name__} has no data disks")
-
-    async def disks_to_mount(self) -> list[Disk]:
-        """The disks attached to this server, read as it starts; they become its
-        ``mounted_disks`` (and $GPUTAP_DISKS)."""
+    async def disks_to_mount(self) -> tuple[list[Disk], set[str]]:
+        """The disks attached to this server, read as it starts (they become its
+        ``mounted_disks`` and $GPUTAP_DISKS), and the names of the user's disks attached to
+        their other servers (whose links in the shared home must stay)."""
         try:
-            disks = await self.disk_store.attached(self.user.name, self.name)
+            every = await self.disk_store.list(self.user.name)
         except DiskError as e:
             raise web.HTTPError(e.status, e.message) from None
+        disks = [d for d in every if d.attached_to == self.name]
+        elsewhere = {d.name for d in every if d.attached_to not in (None, self.name)}
         self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
         if disks:
             names = ", ".join(d.name for d in disks)
             self.log.info("%s: mounting disks %s", self._log_name, names)
-        return disks
+        return disks, elsewhere
 
     async def attached_disks_view(self) -> list[dict[str, Any]]:
         """The data disks of the running server, as the server API shows them:

@@ -35,6 +35,7 @@ from tornado import web
 from .base import utcnow
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable
 from .change import restart_with
+from .change import status as change_status
 from .disks import Disk, DiskError, check_new_disk
 
 API_PATH = "gputap/api"
@@ -202,6 +203,7 @@ class DiskHandler(DiskAPIHandler):
                 raise web.HTTPError(
                     409, f"Disk {name!r} is attached to your {where}; detach it first."
                 )
+            refuse_if_mounted(user, name)
             if disk.billing_session_id:
                 try:
                     await spawner.billing.stop_session(disk.billing_session_id, utcnow())
@@ -236,12 +238,18 @@ class DiskActionHandler(DiskAPIHandler):
         self.write_json(answer, 202)
 
     def _check_not_pending(self, spawner: Any, server_name: str) -> None:
+        which = f"server {server_name!r}" if server_name else "default server"
         if spawner is not None and spawner.pending:
-            which = f"server {server_name!r}" if server_name else "default server"
             raise web.HTTPError(
                 409,
                 f"Your {which} is {PENDING.get(spawner.pending, 'busy')}; try again once it "
                 "is running or stopped.",
+            )
+        current = change_status(spawner.user.name, server_name) if spawner is not None else None
+        if current is not None and current.active:
+            # between a change's stop and its start nothing is pending, yet it is changing
+            raise web.HTTPError(
+                409, f"Your {which} is changing ({current.state}); try again once it runs."
             )
 
     async def _attach(self, user: Any, disk: Disk, body: dict[str, Any]) -> dict[str, Any]:
@@ -261,6 +269,7 @@ class DiskActionHandler(DiskAPIHandler):
                     "first (that restarts it), or stop that server.",
                 )
         self._check_not_pending(spawner, server_name)
+        refuse_if_mounted(user, disk.name, but=server_name)
         before = disk
         if other != server_name:
             disk = await self.store_call(user, "attach", disk.name, server_name)
@@ -319,6 +328,21 @@ class DiskActionHandler(DiskAPIHandler):
         if spawner is None or not spawner.ready:
             return False
         return any(d["name"] == name for d in spawner.mounted_disks or [])
+
+
+def refuse_if_mounted(user: Any, name: str, but: str | None = None) -> None:
+    """409 while a server of ``user`` (other than ``but``) that has not stopped yet still has
+    the disk mounted: a detach takes effect only once that server has restarted."""
+    for server_name, spawner in user.spawners.items():
+        if server_name == but or not spawner.active:
+            continue
+        if any(d["name"] == name for d in spawner.mounted_disks or []):
+            which = f"server {server_name!r}" if server_name else "default server"
+            raise web.HTTPError(
+                409,
+                f"Disk {name!r} is still mounted by your {which}, which has not restarted "
+                "without it yet; try again once it has.",
+            )
 
 
 async def disk_price(billing: BillingClient) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -356,24 +356,31 @@ def attached_conflict(disk: Disk) -> DiskConflict:
     )
 
 
-def link_disks(home: Path, root: Path, wanted: Mapping[str, Path]) -> list[str]:
+def link_disks(
+    home: Path, root: Path, wanted: Mapping[str, Path], keep: Iterable[str] = ()
+) -> list[str]:
     """Make ``{home}/disks/{name}`` a link to each wanted disk folder, and remove the links in
-    ``{home}/disks`` that point into ``root`` but are no longer wanted. Anything else there
-    (the user's own files, links elsewhere) is never touched. Blocking.
+    ``{home}/disks`` that point into ``root`` but are neither wanted nor in ``keep`` (the
+    disks the user's other servers mount: the home is shared). Anything else there (the
+    user's own files, links elsewhere) is never touched. Blocking.
 
-    Returns the names whose link could not be made (a file of the user's is in the way).
-    Without disks, a home that has no ``disks`` folder gets none."""
+    Returns the names whose link could not be made (a file of the user's is in the way, or
+    ``~/disks`` is not a folder of the home's own: a link there is never followed). Without
+    disks, a home that has no ``disks`` folder gets none."""
     folder = home / HOME_FOLDER
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        return sorted(wanted)
     if not wanted and not folder.is_dir():
         return []  # no disks, never had any: no empty folder in the home
     folder.mkdir(parents=True, exist_ok=True)
+    kept = set(keep)
     blocked = []
     for entry in folder.iterdir():
         if not entry.is_symlink():
             continue
         target = Path(os.readlink(entry))
         ours = target.is_absolute() and target.is_relative_to(root)
-        if ours and wanted.get(entry.name) != target:
+        if ours and wanted.get(entry.name) != target and entry.name not in kept:
             entry.unlink()
     for name, target in sorted(wanted.items()):
         link = folder / name

@@ -135,8 +135,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def _disk_settings(self) -> dict[str, Any]:
         """Volumes and mounts of the disks attached to this server, and the hook linking
         them into ~/disks unless the operator configured a postStart hook of their own."""
-        disks = await self.disks_to_mount()
-        settings = disk_pod_settings(self.user.name, [d.name for d in disks])
+        disks, elsewhere = await self.disks_to_mount()
+        settings = disk_pod_settings(self.user.name, [d.name for d in disks], elsewhere)
         if "postStart" in (self._configured or {}).get("lifecycle_hooks", self.lifecycle_hooks):
             del settings["lifecycle_hooks"]
             if disks:

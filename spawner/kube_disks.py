@@ -21,6 +21,7 @@ claim name. A server mounts its attached disks at ``/mnt/disks/{name}``
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -117,29 +118,37 @@ def disk_from_claim(claim: dict[str, Any]) -> Disk:
     )
 
 
-def disk_pod_settings(user: str, names: list[str], mount_root: str = MOUNT_ROOT) -> dict[str, Any]:
+def disk_pod_settings(
+    user: str, names: list[str], elsewhere: Iterable[str] = (), mount_root: str = MOUNT_ROOT
+) -> dict[str, Any]:
     """KubeSpawner settings for a server of ``user`` with the disks ``names`` attached: a
     volume per disk mounted at ``{mount_root}/{name}``, and the postStart hook linking them
-    into ``~/disks`` (with no disks, it removes the links of disks detached since). Pure."""
+    into ``~/disks`` (it removes the links of disks detached since, but not those of the
+    disks ``elsewhere``, attached to the user's other servers: the home is shared). Pure."""
     names = sorted(names)
     volumes, mounts = [], []
     for name in names:
         claim = {"claimName": claim_name(user, name)}
         volumes.append({"name": f"disk-{name}", "persistentVolumeClaim": claim})
         mounts.append({"name": f"disk-{name}", "mountPath": f"{mount_root}/{name}"})
-    hook = {"exec": {"command": ["sh", "-c", link_script(names, mount_root)]}}
+    hook = {"exec": {"command": ["sh", "-c", link_script(names, elsewhere, mount_root)]}}
     return {"volumes": volumes, "volume_mounts": mounts, "lifecycle_hooks": {"postStart": hook}}
 
 
-def link_script(names: list[str], mount_root: str = MOUNT_ROOT) -> str:
+def link_script(
+    names: list[str], elsewhere: Iterable[str] = (), mount_root: str = MOUNT_ROOT
+) -> str:
     """Shell that links each mounted disk into ``$HOME/disks`` and removes the links there
-    that point into ``mount_root`` but are no longer mounted; nothing else is touched.
+    that point into ``mount_root`` but are neither mounted here nor attached to the user's
+    other servers (``elsewhere``); nothing else is touched.
 
     It never fails (a failing postStart hook kills the container). Disk names are
     ``[a-z0-9-]`` (check_name), so they need no quoting."""
-    for name in names:
+    names = sorted(names)
+    protected = sorted(set(names) | set(elsewhere))
+    for name in protected:
         check_name(name)
-    keep = " ".join(names)
+    keep = " ".join(protected)
     make = 'mkdir -p "$d" || exit 0' if names else '[ -d "$d" ] || exit 0'
     return (
         f'd="$HOME/{HOME_FOLDER}"; {make}; '
@@ -147,7 +156,7 @@ def link_script(names: list[str], mount_root: str = MOUNT_ROOT) -> str:
         f'case "$t" in {mount_root}/*) n=${{t#{mount_root}/}}; '
         f'case " {keep} " in *" $n "*) [ "$(basename "$l")" = "$n" ] && continue;; esac; '
         f'rm -f "$l";; esac; done; '
-        f'for n in {keep}; do [ -e "$d/$n" ] || [ -L "$d/$n" ] || '
+        f'for n in {" ".join(names)}; do [ -e "$d/$n" ] || [ -L "$d/$n" ] || '
         f'ln -s "{mount_root}/$n" "$d/$n"; done; exit 0'
     )
 

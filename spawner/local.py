@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import sys
 import time
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
+    #: the disk links a system user's server makes as it starts (see _link_disks)
+    _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
     # per-server GPU record: {"session_id", "offering", "count", "devices", "hold_id",
     # "started_at"} (see GPUSpawnerMixin.gpu)
     gpu: dict[str, Any] | None = None
@@ -134,14 +138,24 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         return str(self.server_home / HOME_FOLDER / name)
 
     async def _link_disks(self) -> None:
-        """Link the disks attached to this server into ~/disks, and unlink those detached."""
-        disks = await self.disks_to_mount()
+        """Link the disks attached to this server into ~/disks, and unlink those detached.
+
+        As the hub's own user (homes under homes_root) the hub makes the links. For system
+        users the server's process makes them once it is that user (make_preexec_fn): a hub
+        running as root never works inside a home its user controls."""
+        disks, elsewhere = await self.disks_to_mount()
         store = self.disk_store
         wanted = {d.name: store.folder(self.user.name, d.name) for d in disks}
+        links = (self.server_home, Path(store.root), wanted, elsewhere)
         loop = asyncio.get_running_loop()
-        blocked = await loop.run_in_executor(
-            None, self._link_disks_sync, self.server_home, store.root, wanted
-        )
+        if self.run_as_system_user:
+            self._links = links
+            if os.geteuid() == 0:
+                # disk folders live in the hub's disks root, which no user can change
+                user = pwd.getpwnam(self.user.name)
+                await loop.run_in_executor(None, _give_folders, wanted.values(), user)
+            return
+        blocked = await loop.run_in_executor(None, _link_in_home, *links)
         for name in blocked:
             self.log.warning(
                 "%s: disk %s not linked: ~/%s/%s is the user's own file",
@@ -152,16 +166,6 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             )
         if blocked:
             self.mounted_disks = [d for d in self.mounted_disks if d["name"] not in blocked]
-
-    def _link_disks_sync(self, home: Path, root: Path, wanted: dict[str, Path]) -> list[str]:
-        home.mkdir(0o700, parents=True, exist_ok=True)  # as the server's preexec makes it
-        blocked = link_disks(home, root, wanted)
-        if self.run_as_system_user and os.geteuid() == 0:
-            # the hub made these as root: they are the user's
-            user = pwd.getpwnam(self.user.name)
-            for path in [home / HOME_FOLDER, *wanted.values()]:
-                os.chown(path, user.pw_uid, user.pw_gid)
-        return blocked
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -199,7 +203,18 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     def make_preexec_fn(self, name):
         if self.run_as_system_user:
-            return super().make_preexec_fn(name)
+            become_user = super().make_preexec_fn(name)
+            links, self._links = self._links, None
+
+            def preexec() -> None:
+                become_user()
+                if links is not None:
+                    try:
+                        link_disks(*links)
+                    except OSError as e:  # the server starts; its disks are only unlinked
+                        print(f"gputap: disks not linked into ~/disks: {e}", file=sys.stderr)
+
+            return preexec
         home = self.home_dir
 
         def preexec() -> None:
@@ -368,3 +383,14 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     def clear_state(self) -> None:
         super().clear_state()
         self.gpu = None
+
+
+def _link_in_home(home: Path, root: Path, wanted: dict[str, Path], keep: set[str]) -> list[str]:
+    home.mkdir(0o700, parents=True, exist_ok=True)  # as the server's preexec makes it
+    return link_disks(home, root, wanted, keep)
+
+
+def _give_folders(folders: Iterable[Path], user: pwd.struct_passwd) -> None:
+    """Disk folders belong to their user (the hub made them as root); never through a link."""
+    for folder in folders:
+        os.chown(folder, user.pw_uid, user.pw_gid, follow_symlinks=False)

@@ -175,6 +175,33 @@ def test_links_follow_attachments_and_touch_nothing_else(tmp_path):
     assert not (home / "disks" / "a").is_symlink()
 
 
+def test_links_of_disks_the_users_other_servers_mount_stay(tmp_path):
+    root, home = tmp_path / "disks", tmp_path / "home"
+    a, b = root / "alice" / "a", root / "alice" / "b"
+    a.mkdir(parents=True), b.mkdir(parents=True)
+    home.mkdir()
+    assert link_disks(home, root, {"a": a}) == []  # the default server, with disk a
+    # a named server starts with disk b: one home, so a's link must stay for the other
+    assert link_disks(home, root, {"b": b}, keep={"a"}) == []
+    assert sorted(p.name for p in (home / "disks").iterdir()) == ["a", "b"]
+
+
+def test_a_disks_folder_that_is_a_link_is_never_followed(tmp_path):
+    root, home, elsewhere = tmp_path / "disks", tmp_path / "home", tmp_path / "etc"
+    a = root / "alice" / "a"
+    a.mkdir(parents=True)
+    home.mkdir(), elsewhere.mkdir()
+    (elsewhere / "passwd").write_text("root:x:0:0")
+    (elsewhere / "old").symlink_to(root / "alice" / "gone")
+    (home / "disks").symlink_to(elsewhere)  # planted by the user
+    assert link_disks(home, root, {"a": a}) == ["a"]
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["old", "passwd"]  # untouched
+    (home / "disks").unlink()
+    (home / "disks").write_text("a file")
+    assert link_disks(home, root, {"a": a}) == ["a"]
+    assert (home / "disks").read_text() == "a file"
+
+
 # -- Kubernetes pod parts -----------------------------------------------------------------
 
 
@@ -208,16 +235,41 @@ def test_the_pod_hook_links_mounted_disks_into_the_home(tmp_path):
     (mounts / "data").mkdir(parents=True)
     (mounts / "cache").mkdir()
     home.mkdir()
-    _run_hook(link_script([], str(mounts)), home)
+    _run_hook(link_script([], mount_root=str(mounts)), home)
     assert list(home.iterdir()) == []  # no disks: no empty folder in the home
-    _run_hook(link_script(["data", "cache"], str(mounts)), home)
+    _run_hook(link_script(["data", "cache"], mount_root=str(mounts)), home)
     assert os.readlink(home / "disks" / "data") == f"{mounts}/data"
     assert os.readlink(home / "disks" / "cache") == f"{mounts}/cache"
 
     (home / "disks" / "mine").write_text("mine")
     (home / "disks" / "other").symlink_to("/tmp")
-    _run_hook(link_script(["data"], str(mounts)), home)  # cache detached
+    _run_hook(link_script(["data"], mount_root=str(mounts)), home)  # cache detached
     assert sorted(p.name for p in (home / "disks").iterdir()) == ["data", "mine", "other"]
-    _run_hook(link_script([], str(mounts)), home)  # no disks: only ours go
+    # a named server without disks, while the default server mounts data: data's link stays
+    _run_hook(link_script([], ["data"], mount_root=str(mounts)), home)
+    assert sorted(p.name for p in (home / "disks").iterdir()) == ["data", "mine", "other"]
+    _run_hook(link_script([], mount_root=str(mounts)), home)  # no disks: only ours go
     assert sorted(p.name for p in (home / "disks").iterdir()) == ["mine", "other"]
     assert (mounts / "data").is_dir()
+
+
+def test_a_disk_still_mounted_by_a_server_not_yet_restarted_is_not_deleted_or_moved():
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from spawner.disk_api import refuse_if_mounted
+
+    mounted = [{"name": "data", "path": "/home/alice/disks/data"}]
+    user = SimpleNamespace(
+        spawners={
+            "": SimpleNamespace(active=True, mounted_disks=mounted),  # detach's restart failed
+            "gpu2": SimpleNamespace(active=False, mounted_disks=mounted),  # stopped: none
+        }
+    )
+    with pytest.raises(web.HTTPError) as refused:
+        refuse_if_mounted(user, "data")
+    assert refused.value.status_code == 409
+    assert "still mounted by your default server" in refused.value.log_message
+    refuse_if_mounted(user, "data", but="")  # attaching back where it is mounted is fine
+    refuse_if_mounted(user, "cache")
