@@ -56,7 +56,16 @@ def change_to(page: Page, key: str) -> None:
     select.select_option(option.get_attribute("value"))
     page.get_by_test_id("gputap-change-button").click()
     expect(page.get_by_test_id("gputap-confirm")).to_contain_text("running kernels stop")
-    page.locator(".jp-Dialog-button.jp-mod-warn").click()
+    confirm_and_wait_for_reload(page)
+
+
+def confirm_and_wait_for_reload(page: Page) -> None:
+    """Confirm a restart (change or disk) and wait until Lab has reloaded by itself on the
+    restarted server."""
+    # a new document's load event: Lab's own URL changes (history.pushState) do not count
+    with page.expect_event("load", timeout=180_000):
+        page.locator(".jp-Dialog-button.jp-mod-warn").click()
+    open_panel(page)
 
 
 def contents(page: Page, base: str, path: str) -> dict:
@@ -169,10 +178,8 @@ def test_disk_attached_in_lab_keeps_its_file_across_a_change_of_gpu(platform, br
     page.get_by_test_id("gputap-disk-create").click()
     expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("not attached")
     page.get_by_test_id("gputap-disk-attach-data").click()
-    page.locator(".jp-Dialog-button.jp-mod-warn").click()
-    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text(
-        "attached here", timeout=120_000
-    )
+    confirm_and_wait_for_reload(page)
+    expect(page.get_by_test_id("gputap-disk-data")).to_contain_text("attached here")
     assert put_text(page, base, "disks/data/results.csv", "epoch,loss\n1,0.5\n") == 201
     folder = platform.root / "data" / "disks" / name / "data"
     assert (folder / "results.csv").read_text() == "epoch,loss\n1,0.5\n"
