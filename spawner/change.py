@@ -16,6 +16,7 @@ hub.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -186,8 +187,12 @@ async def change_server(
     *,
     queue: bool = False,
     reason: str = "change",
+    undo: Callable[[], Awaitable[None]] | None = None,
 ) -> Change:
     """Check a change of ``user``'s server to ``user_options`` and start it in the background.
+
+    ``undo`` puts back what the caller changed before asking (a disk's attachment) when the
+    new start fails, before the old options start again.
 
     Raises 400 (invalid options), 409 (not running, pending or already changing; or, without
     ``queue``, :class:`ChangeRefused` when it does not fit now) and 503 (billing does not
@@ -239,24 +244,30 @@ async def change_server(
     )
     _changes[(user.name, server_name)] = change
     change.set(STOPPING, f"stopping the {_label(spawner, change.from_key)} server")
-    task = asyncio.ensure_future(_run(change, hub, user, options_in, old_options))
+    task = asyncio.ensure_future(_run(change, hub, user, options_in, old_options, undo))
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return change
 
 
 async def restart_with(
-    handler: Any, user: Any, server_name: str, reason: str, options: dict[str, Any] | None = None
+    handler: Any,
+    user: Any,
+    server_name: str,
+    reason: str,
+    options: dict[str, Any] | None = None,
+    undo: Callable[[], Awaitable[None]] | None = None,
 ) -> Change:
     """Restart a running server with ``options`` (default: the ones it runs with), e.g. to
     mount a data disk that was attached; the same checks and status as a change of GPU.
-    ``handler`` is the hub request handler asking (its machinery stops and starts)."""
+    ``handler`` is the hub request handler asking (its machinery stops and starts); ``undo``
+    as in :func:`change_server`."""
     hub = HandlerHub(handler)
     if options is None:
         spawner = hub.spawner(user, server_name)
         current = getattr(spawner, "user_options", None) or {}
         options = {k: v for k, v in current.items() if k != "queue"}
-    return await change_server(hub, user, server_name, options, reason=reason)
+    return await change_server(hub, user, server_name, options, reason=reason, undo=undo)
 
 
 def _label(spawner: Any, key: str) -> str:
@@ -267,7 +278,12 @@ def _label(spawner: Any, key: str) -> str:
 
 
 async def _run(
-    change: Change, hub: Hub, user: Any, new_options: dict[str, Any], old_options: dict[str, Any]
+    change: Change,
+    hub: Hub,
+    user: Any,
+    new_options: dict[str, Any],
+    old_options: dict[str, Any],
+    undo: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     name = change.server
     try:
@@ -289,6 +305,8 @@ async def _run(
             f"the {to_label} server did not start ({why}); starting the {from_label} one again",
         )
         try:
+            if undo is not None:
+                await undo()
             await hub.start(user, name, old_options)
         except Exception as e2:
             change.set(

@@ -312,13 +312,18 @@ class DiskActionHandler(DiskAPIHandler):
         spawner = user.spawners[server_name] if server_name in user.orm_spawners else None
         if spawner is None or not spawner.ready:
             return None  # its next start mounts what is attached then
-        try:
-            change = await restart_with(self, user, server_name, reason)
-        except web.HTTPError:
+
+        async def put_back() -> None:
             if before.attached_to is None:
                 await self.store_call(user, "detach", before.name)
             else:
                 await self.store_call(user, "attach", before.name, before.attached_to)
+
+        try:
+            # a start that fails with the disk (un)mounted goes back to how it was before
+            change = await restart_with(self, user, server_name, reason, undo=put_back)
+        except web.HTTPError:
+            await put_back()
             raise
         return change.view()
 

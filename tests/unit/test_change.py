@@ -132,6 +132,19 @@ async def test_a_failed_new_start_goes_back_to_the_old_options():
     assert hub.calls == [("stop", ""), ("start", RTX), ("start", SLICE)]
 
 
+async def test_a_failed_restart_undoes_what_its_caller_changed_before_the_old_start():
+    spawner = Spawner(FITS)
+    spawner.user_options = dict(SLICE)
+    hub = Hub(spawner, failing={"RTX-4090"})
+
+    async def undo():
+        hub.calls.append(("undo",))
+
+    record = await finished(await change_server(hub, ALICE, "", RTX, undo=undo))
+    assert record.state == "reverted"
+    assert hub.calls == [("stop", ""), ("start", RTX), ("undo",), ("start", SLICE)]
+
+
 async def test_when_neither_starts_the_change_failed_and_says_what_to_do():
     hub = Hub(Spawner(FITS), failing={"RTX-4090", "A100-80GB/1g.10gb"})
     record = await finished(await change_server(hub, ALICE, "gpu", RTX))
