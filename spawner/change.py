@@ -34,6 +34,9 @@ DONE, FAILED, REVERTED = "done", "failed", "reverted"
 ACTIVE = frozenset({STOPPING, STARTING, WAITING})
 #: how often a change that waits in the spawn queue looks at its place in line
 QUEUE_LOOK_SECONDS = 0.5
+#: how long the stop waits after the change is accepted: the answer travels back to the
+#: browser through the very server being stopped (its Lab extension asked)
+ANSWER_GRACE_SECONDS = 1.0
 
 _changes: dict[tuple[str, str], Change] = {}
 # the background tasks of changes in progress (asyncio keeps only weak references)
@@ -286,6 +289,7 @@ async def _run(
     undo: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     name = change.server
+    await asyncio.sleep(ANSWER_GRACE_SECONDS)
     try:
         await hub.stop(user, name)
     except Exception as e:

@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from hub_config.hub import SERVER_TOKEN_SCOPES
+from spawner.change import ANSWER_GRACE_SECONDS
 from tests.integration.test_spawn_and_bill import wait_through_proxy
 from tests.platform import Platform
 
@@ -63,6 +64,18 @@ def wait_change(platform, token: str, name: str, timeout: float = 90) -> dict:
 
 def pid(platform, name: str) -> int:
     return platform.server(name)["state"]["pid"]
+
+
+def wait_new_server(platform, name: str, old_pid: int, timeout: float = 90) -> None:
+    """Wait until the user's server runs again as a new process (after a change: the old
+    one stops a moment after the change is accepted, ANSWER_GRACE_SECONDS)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        server = platform.server(name)
+        if server and server.get("ready") and server["state"].get("pid") != old_pid:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name}'s server did not come back:\n{platform.log_tail()}")
 
 
 def test_facts_and_choices_with_the_servers_own_token(platform):
@@ -124,6 +137,7 @@ def test_change_a_slice_to_a_whole_card_bills_both_sessions_to_the_second(platfo
     (home / "model.pt").write_text("weights")
     time.sleep(2)
 
+    old_pid = pid(platform, "carol")
     asked = time.time()
     r = api(platform, token, "users/carol/server/change", "POST", {"options": CARD})
     answered = time.time()
@@ -137,7 +151,7 @@ def test_change_a_slice_to_a_whole_card_bills_both_sessions_to_the_second(platfo
     assert change["finished_at"] is None
 
     # the server's own token died with the old server: the new one has its own
-    platform.wait_ready("carol")
+    wait_new_server(platform, "carol", old_pid)
     token = platform.server_env("carol")["JUPYTERHUB_API_TOKEN"]
     change = wait_change(platform, token, "carol")
     assert change["state"] == "done", change
@@ -158,7 +172,8 @@ def test_change_a_slice_to_a_whole_card_bills_both_sessions_to_the_second(platfo
     assert facts["session"]["id"] == new["id"]
     ended = datetime.fromisoformat(old["ended_at"]).timestamp()
     began = datetime.fromisoformat(old["started_at"]).timestamp()
-    assert asked - 0.5 <= ended <= answered + 2  # billing ends when the stop is asked for
+    # billing ends when the stop is asked for, a moment after the change was accepted
+    assert asked - 0.5 <= ended <= answered + ANSWER_GRACE_SECONDS + 2
     assert old["billed_seconds"] == math.floor(ended - began)
     assert old["cost_micro"] == old["price_per_hour_micro"] * old["billed_seconds"] // 3600
     assert datetime.fromisoformat(new["started_at"]).timestamp() >= ended

@@ -91,6 +91,7 @@ class Hub:
 def no_changes(monkeypatch):
     monkeypatch.setattr(change, "_changes", {})
     monkeypatch.setattr(change, "QUEUE_LOOK_SECONDS", 0.01)
+    monkeypatch.setattr(change, "ANSWER_GRACE_SECONDS", 0)
 
 
 ALICE = SimpleNamespace(name="alice")

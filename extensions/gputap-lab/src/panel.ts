@@ -9,6 +9,7 @@ import { fill, h } from './dom';
 import { GPUSection } from './gpusection';
 import { gputapIcon } from './icon';
 import { GPUTapModel, IChangeStatus } from './model';
+import { RequestError } from './request';
 import { IRestartContext, followRestart, reloadAfter, saveEverything } from './restart';
 
 export class GPUTapPanel extends Widget {
@@ -73,17 +74,23 @@ export class GPUTapPanel extends Widget {
     this._model.restarting = true;
     this._update();
     this._showProgress('Saving open documents and the workspace…');
-    let status: IChangeStatus;
+    let status: IChangeStatus | null;
     try {
       await saveEverything(this._context);
       status = await ask();
     } catch (error) {
-      this._model.restarting = false;
-      this._showProgress((error as Error).message, true);
-      this._update();
-      return;
+      if (error instanceof RequestError && !error.answered) {
+        // no answer (the server went away as it answered): the restart may be under way,
+        // so follow it; "reload now" stays at hand if nothing happens
+        status = null;
+      } else {
+        this._model.restarting = false;
+        this._showProgress((error as Error).message, true);
+        this._update();
+        return;
+      }
     }
-    this._showProgress(status.message || 'The server is restarting…');
+    this._showProgress(status?.message || 'The server is restarting…');
     const reload = h(
       'button',
       { class: 'jp-mod-styled gputap-link', 'data-testid': 'gputap-reload' },
