@@ -209,17 +209,9 @@ async def change_server(
         options = spawner.parse_server_options(options_in)
     except RequestError as e:
         raise web.HTTPError(400, f"Invalid server options: {e}") from None
-    answer = await spawner.fits_after_stop(options)
-    wanted = wanted_key(options.request)
-    if isinstance(answer, Refusal) and not (options.queue and wanted):
-        hint = " Ask to wait in the queue, or pick" if wanted else " Pick"
-        raise ChangeRefused(
-            f"{answer.message}{hint} a free option. Your server was not stopped.",
-            alternatives_view(answer.alternatives),
-        )
     try:
-        # prices may come from a cache: make sure billing answers before stopping anything,
-        # or neither the new server nor the old one could start again
+        # first: billing must answer before anything is stopped, or neither the new server
+        # nor the old one could start again (and the fit check's prices may be cached)
         await spawner.billing.account(user.name)
     except BillingUnavailable as e:
         raise web.HTTPError(
@@ -229,6 +221,14 @@ async def change_server(
         ) from None
     except BillingRefused:
         pass  # no account yet: the start opens it
+    answer = await spawner.fits_after_stop(options)
+    wanted = wanted_key(options.request)
+    if isinstance(answer, Refusal) and not (options.queue and wanted):
+        hint = " Ask to wait in the queue, or pick" if wanted else " Pick"
+        raise ChangeRefused(
+            f"{answer.message}{hint} a free option. Your server was not stopped.",
+            alternatives_view(answer.alternatives),
+        )
     # the checks awaited billing: the server may have stopped or started changing since
     busy = why_busy(spawner, user.name, server_name)
     if busy:
