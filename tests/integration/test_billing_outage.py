@@ -29,7 +29,7 @@ def platform(tmp_path_factory):
 
 def refused_for_billing(platform, name: str) -> None:
     r = platform.spawn(name, {"kind": "card", "card": "RTX-4090"})
-    assert r.status_code == 503, r.text
+    assert r.status_code == 503, f"{r.text}\n{platform.log_tail()}"
     assert r.json()["message"].startswith("Billing is unreachable, so no server can start now")
     assert platform.server(name) is None
 
