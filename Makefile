@@ -41,8 +41,11 @@ $(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py) $(LAB)/pyproject.t
 	$(PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
 	touch $@
 
+# GPUTAP_DEMO_GITHUB=1: GitHub login through the tests' stand-in of GitHub, started by a
+# development tool (tests/github_sim/demo.py) that then runs the same demo
 demo: setup
-	$(PY) -m hub_config.demo
+	@if [ "$$GPUTAP_DEMO_GITHUB" = 1 ]; then $(PY) -m tests.github_sim.demo; \
+	else $(PY) -m hub_config.demo; fi
 
 # System packages the tests use: Chromium for the browser tests (Playwright drives
 # /usr/bin/chromium) and gcc for the NVML test double. Installed with apt-get when root.

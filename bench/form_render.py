@@ -14,10 +14,10 @@ import random
 import statistics
 import time
 
-from spawner.base import build_choices
-from spawner.catalog import Catalog
-from spawner.form import render_form
-from spawner.kube_inventory import ClusterInventory
+from spawner.core.catalog import Catalog
+from spawner.core.choices import build_choices
+from spawner.core.form import render_form
+from spawner.kube.inventory import ClusterInventory
 
 CARDS = [
     ("A100-80GB", "NVIDIA-A100-SXM4-80GB", "1g.10gb"),

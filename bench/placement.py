@@ -14,8 +14,8 @@ import random
 import statistics
 import time
 
-from spawner.catalog import Catalog
-from spawner.placement import (
+from spawner.core.catalog import Catalog
+from spawner.core.placement import (
     CardRequest,
     CpuRequest,
     FreeView,

@@ -13,16 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gputap_common import scopes
+
 from .github import configure_github, github_settings
 from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-BILLING_HUB_SCOPE = "custom:gputap-billing:hub"
-BILLING_ADMIN_SCOPE = "custom:gputap-billing:admin"
-BILLING_METRICS_SCOPE = "custom:gputap-billing:metrics"
-BILLING_INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
-DISKS_SCOPE = "custom:gputap:disks"
 #: what a single-user server's own token ($JUPYTERHUB_API_TOKEN) may do: JupyterHub's default
 #: server role (post activity, be accessed), and for the Lab extension read and change its own
 #: server and manage its user's disks (docs/lab.md). "!server" means this server, "!user" its
@@ -32,7 +29,7 @@ SERVER_TOKEN_SCOPES = [
     "access:servers!server",
     "read:servers!server",
     "servers!server",
-    f"{DISKS_SCOPE}!user",
+    f"{scopes.DISKS}!user",
 ]
 #: the largest data disk billing can meter (its session count limit)
 MAX_DISK_GB = 1000
@@ -62,7 +59,11 @@ def billing_url(settings: Settings) -> str:
 
 async def open_billing_account(authenticator, handler, authentication):
     """post_auth_hook: open the user's billing account (with trial credit) at first login."""
-    from spawner.billing_client import BillingClient, BillingRefused, BillingUnavailable
+    from spawner.lifecycle.billing_client import (
+        BillingClient,
+        BillingRefused,
+        BillingUnavailable,
+    )
 
     spawner_config = authenticator.parent.config.GPUSpawnerMixin
     client = BillingClient(spawner_config.billing_url, spawner_config.billing_token)
@@ -142,7 +143,7 @@ def apply(c: Any, settings: Settings) -> None:
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
-    c.JupyterHub.spawner_class = "spawner.local.GPULocalSpawner"
+    c.JupyterHub.spawner_class = "gputap-local"
     venv_bin = str(Path(sys.executable).parent)
     c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
@@ -164,7 +165,7 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
 
 
 def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
-    c.JupyterHub.spawner_class = "spawner.kube.GPUKubeSpawner"
+    c.JupyterHub.spawner_class = "gputap-kubernetes"
     if kube.get("api_host"):
         c.KubeSpawner.k8s_api_host = kube["api_host"]
     if kube.get("hub_connect_url"):
@@ -189,8 +190,6 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:
     """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub."""
-    from spawner import disk_api
-
     limits = {"max_size_gb": 100, "max_disks": 5}
     # billing meters a disk as a session of count = GB, and counts stop at MAX_DISK_GB
     highest = {"max_size_gb": MAX_DISK_GB, "max_disks": 1000}
@@ -208,16 +207,14 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
         c.GPULocalSpawner.disk_root = str(disks["root"])
     c.GPUKubeSpawner.disk_storage_class = str(disks.get("storage_class") or "")
 
-    # its scope (DISKS_SCOPE) is defined with the server API's, in _server_api_scopes
-    c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *disk_api.handlers]
-
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     """The hub's own gputap handlers (the spec preview, the user's account) and the credit
     banner on every hub page (templates/page.html extends JupyterHub's page.html)."""
-    from spawner import account, preview, server_api
+    from spawner import api
+    from spawner.api import account
 
-    c.JupyterHub.extra_handlers = [*preview.handlers, *account.handlers, *server_api.handlers]
+    c.JupyterHub.extra_handlers = list(api.default_handlers)
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     c.JupyterHub.template_vars = {
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
@@ -250,7 +247,7 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
         "name": "billing",
         "url": f"http://127.0.0.1:{billing['port']}",
         "oauth_no_confirm": True,
-        "oauth_client_allowed_scopes": [BILLING_ADMIN_SCOPE, BILLING_INSTRUCTOR_SCOPE],
+        "oauth_client_allowed_scopes": [scopes.BILLING_ADMIN, scopes.BILLING_INSTRUCTOR],
     }
     managed = billing.get("managed", True)
     if not isinstance(managed, bool):
@@ -284,12 +281,12 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         {
             "name": "user",
             "description": "Everyone: their own servers, and their billing page",
-            "scopes": ["self", "access:services!service=billing"],
+            "scopes": ["self", scopes.BILLING_ACCESS],
         },
         {
             "name": "gputap-hub",
             "description": "The hub's spawner: prices, admission and billing sessions",
-            "scopes": [BILLING_HUB_SCOPE, "access:services!service=billing"],
+            "scopes": [scopes.BILLING_HUB, scopes.BILLING_ACCESS],
             "services": ["gputap-hub"],
         },
         {
@@ -301,14 +298,14 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         {
             "name": "gputap-billing-admin",
             "description": "Admins see every account and grant credit",
-            "scopes": [BILLING_ADMIN_SCOPE, "access:services!service=billing"],
+            "scopes": [scopes.BILLING_ADMIN, scopes.BILLING_ACCESS],
             "users": sorted(hub.get("admin_users") or []),
             "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
         },
         {
             "name": "gputap-instructor",
             "description": "Instructors create and run their courses",
-            "scopes": [BILLING_INSTRUCTOR_SCOPE, "access:services!service=billing"],
+            "scopes": [scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS],
             "users": sorted(settings.courses.get("instructors") or []),
             "groups": sorted(settings.courses.get("instructor_teams") or []),
         },
@@ -325,14 +322,7 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
-    c.JupyterHub.custom_scopes = {
-        BILLING_HUB_SCOPE: {"description": "Open accounts, admit spawns, start and stop sessions"},
-        BILLING_ADMIN_SCOPE: {
-            "description": "Read every billing account, fund accounts, publish prices"
-        },
-        BILLING_METRICS_SCOPE: {"description": "Read billing's Prometheus metrics"},
-        BILLING_INSTRUCTOR_SCOPE: {"description": "Create courses and run the ones you teach"},
-    }
+    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
 
 
 def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
@@ -381,10 +371,6 @@ def _server_api_scopes(c: Any) -> None:
     change that server and manage its user's disks; every user holds the disks scope on
     themselves (a token gets only scopes its owner holds)."""
     c.Spawner.server_token_scopes = list(SERVER_TOKEN_SCOPES)
-    c.JupyterHub.custom_scopes = {
-        **c.JupyterHub.custom_scopes,
-        DISKS_SCOPE: {"description": "List, create, attach, detach and delete data disks"},
-    }
     for role in c.JupyterHub.load_roles:
         if role["name"] == "user":
-            role["scopes"] = [*role["scopes"], f"{DISKS_SCOPE}!user"]
+            role["scopes"] = [*role["scopes"], f"{scopes.DISKS}!user"]

@@ -61,6 +61,7 @@ class Platform:
         self.ops_token = secrets.token_hex(16)
         self.billing_token = secrets.token_hex(32) if external_billing else None
         self.port, self.hub_port, self.billing_port = free_port(), free_port(), free_port()
+        self._billing_port_hold: socket.socket | None = None
         self.proxy_api_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         settings: dict[str, Any] = {
@@ -139,6 +140,9 @@ class Platform:
         """Start the external billing service with the environment JupyterHub would give a
         managed one (docs/billing.md, "Running billing outside the hub")."""
         assert self.billing_token, "start_billing needs Platform(external_billing=True)"
+        if self._billing_port_hold is not None:
+            self._billing_port_hold.close()
+            self._billing_port_hold = None
         env = self._env()
         env.update(
             JUPYTERHUB_SERVICE_NAME="billing",
@@ -170,12 +174,17 @@ class Platform:
             time.sleep(0.2)
         raise RuntimeError(f"billing did not come up:\n{self.billing_log_tail()}")
 
-    def stop_billing(self) -> None:
-        """Kill the external billing service, as a crash would."""
+    def stop_billing(self, hold_port: bool = True) -> None:
+        """Kill the external billing service, as a crash would. Its port stays bound here
+        (never listening) until it starts again: connections are refused, as after a crash,
+        and no process of another test can take the port meanwhile."""
         if self.billing_proc is not None:
             self.billing_proc.kill()
             self.billing_proc.wait()
             self.billing_proc = None
+        if hold_port and self._billing_port_hold is None:
+            self._billing_port_hold = socket.socket()
+            self._billing_port_hold.bind(("127.0.0.1", self.billing_port))
 
     def billing_log_tail(self, lines: int = 40) -> str:
         try:
@@ -206,7 +215,9 @@ class Platform:
                 pass
             problems = self.ledger_problems()
         self.stop_hub()
-        self.stop_billing()
+        self.stop_billing(hold_port=False)
+        if self._billing_port_hold is not None:
+            self._billing_port_hold.close()
         # servers outlive the hub (cleanup_servers = False): end any left in our homes
         homes = str(self.root / "data" / "homes")
         for proc in psutil.process_iter(["cwd"]):

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 import requests
 
-from spawner.billing_client import BillingClient
+from spawner.lifecycle.billing_client import BillingClient
 
 from .hub import Caller, start_hub, stop_hub
 

@@ -7,7 +7,9 @@ not stay down. The outage length is ``GPUTAP_TEST_BILLING_OUTAGE_SECONDS`` (defa
 acceptance case: this is the long test of ``make test``; ``-m "not long"`` skips it).
 """
 
+import http.server
 import os
+import threading
 import time
 
 import pytest
@@ -78,3 +80,32 @@ def test_billing_down_refuses_spawns_and_bills_running_servers_in_full(platform,
     assert r.status_code in (201, 202), r.text
     platform.wait_ready("nina")
     platform.stop_server("nina")
+
+
+class Stranger(http.server.BaseHTTPRequestHandler):
+    """Whatever took billing's port once billing died: answers every request with a 404 page."""
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html><body>404: Not Found</body></html>")
+
+    do_POST = do_PUT = do_DELETE = do_GET
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_something_else_on_billings_port_is_billing_down_not_a_bare_500(platform):
+    platform.create_user("sam")
+    platform.stop_billing(hold_port=False)
+    stranger = http.server.HTTPServer(("127.0.0.1", platform.billing_port), Stranger)
+    serving = threading.Thread(target=stranger.serve_forever, daemon=True)
+    serving.start()
+    try:
+        refused_for_billing(platform, "sam")
+    finally:
+        stranger.shutdown()
+        stranger.server_close()
+        platform.start_billing()

@@ -4,7 +4,7 @@ import re
 
 import requests
 
-from spawner.placement import format_credits
+from gputap_common.money import format_credits
 
 
 def row(page: str, key: str) -> str:
@@ -29,7 +29,7 @@ def test_form_lists_options_with_free_counts_prices_and_time_left(platform):
     assert "2 of 2 free" in gpu and "5.00/h" in gpu and "credit lasts 2 h 00 min" in gpu
     slice_ = row(page, "A100-80GB/1g.10gb")
     assert "A100-80GB 1g.10gb slice" in slice_ and "3 of 3 free" in slice_
-    assert "1.14/h" in slice_ and "credit lasts 8 h 45 min" in slice_
+    assert "1.142857/h" in slice_ and "credit lasts 8 h 45 min" in slice_
     assert "CPU only" in page
     assert 'id="gputap-available">10.00<' in page
 

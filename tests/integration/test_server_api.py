@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from hub_config.hub import SERVER_TOKEN_SCOPES
-from spawner.change import ANSWER_GRACE_SECONDS
+from spawner.lifecycle.change import ANSWER_GRACE_SECONDS
 from tests.integration.test_spawn_and_bill import wait_through_proxy
 from tests.platform import Platform
 
@@ -111,8 +111,8 @@ def test_facts_and_choices_with_the_servers_own_token(platform):
     by_key = {c["key"]: c for c in answer["choices"]}
     own = by_key["A100-80GB/1g.10gb"]
     assert (own["free"], own["total"]) == (3, 3)  # the slice alice holds counts as free
-    assert own["options"] == {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
-    assert own["price_per_hour"] == "1.14" and own["course"] is None
+    assert own["options"] == {"kind": "slice", "card": "A100-80GB", "mig_profile": "1g.10gb"}
+    assert own["price_per_hour"] == "1.142857" and own["course"] is None
     assert by_key["RTX-4090"]["options"] == RTX and by_key["RTX-4090"]["max_count"] == 2
     assert answer["choices"][-1]["options"] == {"kind": "cpu"}
     prices = [c["price_per_hour_micro"] for c in answer["choices"][:-1]]

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import requests
 
-from spawner.catalog import Catalog
-from spawner.inventory import file_devices
-from spawner.local import DEFAULT_INVENTORY_FILE
+from spawner.core.catalog import Catalog
+from spawner.local.inventory import file_devices
+from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
 DEVICES = file_devices(DEFAULT_INVENTORY_FILE, Catalog.load())
 SLICES = {d.uuid for d in DEVICES if d.key == "A100-80GB/1g.10gb"}

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 from kubernetes_asyncio import client
 
-from spawner.disks import DiskConflict, DiskNotFound, DiskUnavailable
-from spawner.kube_disks import KubeDiskStore
+from spawner.core.disks import DiskConflict, DiskNotFound, DiskUnavailable
+from spawner.kube.disks import KubeDiskStore
 from tests.kube_sim import SimulatedCluster
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.inventory import Device
+from spawner.local.inventory import Device
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -27,9 +27,9 @@ ROOT = HERE.parent.parent
 READ_INVENTORY = textwrap.dedent(
     """
     import dataclasses, json, logging, sys
-    from spawner.catalog import Catalog
-    from spawner.inventory import load_local_devices, nvml_devices
-    from spawner.local import DEFAULT_INVENTORY_FILE
+    from spawner.core.catalog import Catalog
+    from spawner.local.inventory import load_local_devices, nvml_devices
+    from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     mode = sys.argv[1]

@@ -1,9 +1,9 @@
 """The inventory read through pynvml from a fake libnvidia-ml.so.1 (see fake_nvml.c)."""
 
-from spawner.catalog import Catalog
-from spawner.inventory import DevicePool, file_devices
-from spawner.local import DEFAULT_INVENTORY_FILE
-from spawner.placement import CardRequest, Placement, SliceRequest, place
+from spawner.core.catalog import Catalog
+from spawner.core.placement import CardRequest, Placement, SliceRequest, place
+from spawner.local.inventory import DevicePool, file_devices
+from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
 H200_UUID = "GPU-9d5e1c2a-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
 A100_UUID = "GPU-4a1c7e90-2d3b-4c5d-8e9f-0a1b2c3d4e5f"

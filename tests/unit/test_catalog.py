@@ -1,6 +1,6 @@
 import pytest
 
-from spawner.catalog import Catalog, MigProfile
+from spawner.core.catalog import Catalog, MigProfile
 
 REQUIRED = [
     "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB", "H800-80GB", "L40S", "L40", "A40",

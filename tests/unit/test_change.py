@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 from tornado import web
 
-from spawner import change
-from spawner.billing_client import BillingUnavailable
-from spawner.catalog import Catalog
-from spawner.change import ChangeRefused, change_server
-from spawner.placement import Alternative, Placement, Refusal, parse_options
+from spawner.core.catalog import Catalog
+from spawner.core.placement import Alternative, Placement, Refusal, parse_options
+from spawner.core.record import ServerRecord
+from spawner.lifecycle import change
+from spawner.lifecycle.billing_client import BillingUnavailable
+from spawner.lifecycle.change import ChangeRefused, change_server
 
 CATALOG = Catalog.load()
 SLICE = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
@@ -33,6 +34,10 @@ class Billing:
         return {"username": username}
 
 
+def running_on(key: str) -> ServerRecord:
+    return ServerRecord(session_id="s-1", offering=key, count=1)
+
+
 class Spawner:
     """What a change reads of a running server's spawner."""
 
@@ -43,7 +48,7 @@ class Spawner:
         self.pending: str | None = None
         self.ready = True
         self.user_options = dict(SLICE)
-        self.gpu: dict | None = {"offering": "A100-80GB/1g.10gb"}
+        self.record: ServerRecord | None = running_on("A100-80GB/1g.10gb")
         self.queue_note = ""
         self.billing = Billing()
 
@@ -71,7 +76,7 @@ class Hub:
         self.calls.append(("stop", server_name))
         if self.stop_fails:
             raise RuntimeError("it did not stop")
-        self.the_spawner.ready, self.the_spawner.gpu = False, None
+        self.the_spawner.ready, self.the_spawner.record = False, None
 
     async def start(self, user, server_name, options):
         self.calls.append(("start", dict(options)))
@@ -83,7 +88,7 @@ class Hub:
         await asyncio.sleep(0)
         if key in self.failing:
             raise web.HTTPError(409, f"No {key} free now (0 of 2 free).")
-        self.the_spawner.ready, self.the_spawner.gpu = True, {"offering": key}
+        self.the_spawner.ready, self.the_spawner.record = True, running_on(key)
         self.the_spawner.user_options = options
 
 

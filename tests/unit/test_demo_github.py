@@ -4,10 +4,10 @@ import requests
 from oauthenticator.github import GitHubOAuthenticator
 from traitlets.config import Config
 
-from hub_config.demo import STAND_IN_NOTICE, stand_in_environment, start_github_stand_in
 from hub_config.hub import apply
 from hub_config.settings import load_settings
 from tests.github_sim.client import user_link
+from tests.github_sim.demo import STAND_IN_NOTICE, stand_in_environment, start_github_stand_in
 
 
 def test_demo_settings_make_a_labelled_github_login(tmp_path, monkeypatch):

@@ -3,9 +3,10 @@
 import pytest
 from traitlets.config import Config
 
-from hub_config.hub import DISKS_SCOPE, apply
+from gputap_common.scopes import DISKS as DISKS_SCOPE
+from hub_config.hub import apply
 from hub_config.settings import SettingsError, load_settings
-from spawner import disk_api
+from spawner.api import disks as disk_api
 
 
 def configured(tmp_path, **env) -> Config:
@@ -21,9 +22,9 @@ def test_defaults_reach_the_spawners_and_users_may_use_their_own_disks(tmp_path)
     assert c.GPUSpawnerMixin.disk_max_size_gb == 100 and c.GPUSpawnerMixin.max_disks == 5
     assert c.GPULocalSpawner.disk_root == f"{tmp_path}/disks"
     assert c.GPUKubeSpawner.disk_storage_class == ""
-    assert all(h in c.JupyterHub.extra_handlers for h in disk_api.handlers)
+    assert all(h in c.JupyterHub.extra_handlers for h in disk_api.default_handlers)
     # the API checks the scope the hub defines, which every user holds on themselves
-    assert disk_api.DISKS_SCOPE == DISKS_SCOPE and DISKS_SCOPE in c.JupyterHub.custom_scopes
+    assert disk_api.scopes.DISKS == DISKS_SCOPE and DISKS_SCOPE in c.JupyterHub.custom_scopes
     [user_role] = [r for r in c.JupyterHub.load_roles if r["name"] == "user"]
     assert user_role["scopes"].count(f"{DISKS_SCOPE}!user") == 1
 

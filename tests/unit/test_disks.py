@@ -11,16 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.disks import (
-    Disk,
-    DiskConflict,
-    DiskNotFound,
-    LocalDiskStore,
-    check_name,
-    check_size,
-    link_disks,
-)
-from spawner.kube_disks import claim_name, disk_pod_settings, link_script
+from spawner.core.disks import Disk, DiskConflict, DiskNotFound, check_name, check_size
+from spawner.kube.disks import claim_name, disk_pod_settings, link_script
+from spawner.local.disks import LocalDiskStore, link_disks
 
 
 @pytest.mark.parametrize("name", ["a", "data", "imagenet-2024", "x1", "a" * 32, "a-b-c"])
@@ -258,7 +251,7 @@ def test_a_disk_still_mounted_by_a_server_not_yet_restarted_is_not_deleted_or_mo
 
     from tornado import web
 
-    from spawner.disk_api import refuse_if_mounted
+    from spawner.api.disks import refuse_if_mounted
 
     mounted = [{"name": "data", "path": "/home/alice/disks/data"}]
     user = SimpleNamespace(
@@ -273,3 +266,10 @@ def test_a_disk_still_mounted_by_a_server_not_yet_restarted_is_not_deleted_or_mo
     assert "still mounted by your default server" in refused.value.log_message
     refuse_if_mounted(user, "data", but="")  # attaching back where it is mounted is fine
     refuse_if_mounted(user, "cache")
+
+
+@pytest.mark.parametrize("name", ["data\n", "data\n\n", "imagenet\n"])
+def test_a_name_with_a_trailing_newline_is_refused(name):
+    # a newline would end up in the folder, the claim name and the link script
+    with pytest.raises(ValueError, match="Field 'name' must be"):
+        check_name(name)

@@ -1,6 +1,6 @@
-from spawner.catalog import Catalog
-from spawner.form import Choice, credit_lasts, format_duration, options_from_form, render_form
-from spawner.placement import Alternative
+from spawner.core.catalog import Catalog
+from spawner.core.form import Choice, credit_lasts, format_duration, options_from_form, render_form
+from spawner.core.placement import Alternative
 
 CATALOG = Catalog.load()
 
@@ -30,7 +30,7 @@ def test_form_shows_each_option_with_numbers_and_sold_out_alternatives():
         preview_url="/hub/gputap/preview",
     )
     assert "simulated" in html
-    assert "3 of 3 free" in html and "1.14/h" in html and "credit lasts 8 h 45 min" in html
+    assert "3 of 3 free" in html and "1.142857/h" in html and "credit lasts 8 h 45 min" in html
     assert "sold out" in html and "Free now instead: A100-80GB 1g.10gb slice (3 free" in html
     assert 'value="card:A100-80GB">' in html  # selectable: the user may wait in the queue
     assert 'name="queue"' in html and 'name="spot"' not in html
@@ -41,7 +41,7 @@ def test_form_fields_become_the_same_user_options_as_the_api():
     assert options_from_form({"choice": ["slice:A100-80GB/1g.10gb"]}) == {
         "kind": "slice",
         "card": "A100-80GB",
-        "profile": "1g.10gb",
+        "mig_profile": "1g.10gb",
     }
     assert options_from_form({"choice": ["card:RTX-4090"], "count:RTX-4090": ["2"]}) == {
         "kind": "card",
@@ -62,8 +62,8 @@ def test_form_fields_become_the_same_user_options_as_the_api():
 
 
 def test_course_funded_options_come_first_with_hours_left():
-    from spawner.form import CourseOffer, course_offers
-    from spawner.placement import RequestError, parse_options
+    from spawner.core.form import CourseOffer, course_offers
+    from spawner.core.placement import RequestError, parse_options
 
     slice_ = CATALOG.offering("A100-80GB/1g.10gb")
     t4 = CATALOG.offering("T4")
@@ -101,7 +101,7 @@ def test_course_funded_options_come_first_with_hours_left():
     assert options == {
         "kind": "slice",
         "card": "A100-80GB",
-        "profile": "1g.10gb",
+        "mig_profile": "1g.10gb",
         "course": "dl101",
     }
     assert parse_options(options, CATALOG).course == "dl101"

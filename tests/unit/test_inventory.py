@@ -1,9 +1,9 @@
 import pytest
 
-from spawner.catalog import Catalog
-from spawner.inventory import DevicePool, file_devices, load_local_devices
-from spawner.local import DEFAULT_INVENTORY_FILE
-from spawner.placement import CardRequest, SliceRequest, place
+from spawner.core.catalog import Catalog
+from spawner.core.placement import CardRequest, SliceRequest, place
+from spawner.local.inventory import DevicePool, file_devices, load_local_devices
+from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
 CATALOG = Catalog.load()
 

@@ -1,5 +1,5 @@
-from spawner.catalog import Catalog
-from spawner.kube_inventory import ClusterInventory, pod_requests
+from spawner.core.catalog import Catalog
+from spawner.kube.inventory import ClusterInventory, pod_requests
 
 CATALOG = Catalog.load()
 

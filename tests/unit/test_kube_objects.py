@@ -1,9 +1,9 @@
 import pytest
 from kubespawner.slugs import is_valid_label
 
-from spawner.catalog import Catalog
-from spawner.kube_objects import gpu_pod_settings, label
-from spawner.placement import Placement
+from spawner.core.catalog import Catalog
+from spawner.core.placement import Placement
+from spawner.kube.objects import gpu_pod_settings, label
 
 CATALOG = Catalog.load()
 
@@ -90,3 +90,105 @@ def test_bad_input_is_refused():
         )
     with pytest.raises(ValueError, match="session_id"):
         gpu_pod_settings(placement, CATALOG, username="a", session_id="", product="p")
+
+
+def kubespawner_pod(**configured):
+    """The pod KubeSpawner's make_pod builds from configured traits (as get_pod_manifest)."""
+    from kubespawner.objects import make_pod
+
+    return make_pod(
+        name="jupyter-alice",
+        cmd=["jupyterhub-singleuser"],
+        port=8888,
+        image="gputap/singleuser:latest",
+        labels={"component": "singleuser-server", "team": "ml"},
+        annotations={"hub.jupyter.org/username": "alice"},
+        volumes=[{"name": "home", "persistentVolumeClaim": {"claimName": "home-alice"}}],
+        volume_mounts=[{"name": "home", "mountPath": "/home/jovyan"}],
+        **configured,
+    )
+
+
+def pod_json(pod) -> dict:
+    from kubernetes_asyncio.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(pod)  # needs a running loop: async tests
+
+
+async def test_the_placement_goes_onto_the_pod_kubespawner_built_keeping_what_is_configured():
+    from spawner.kube.disks import disk_pod_settings
+    from spawner.kube.objects import apply_pod_settings
+
+    placement = Placement(CATALOG.offering("A100-80GB"), 2, "gpu-a100", 8_000_000)
+    settings = gpu_pod_settings(
+        placement,
+        CATALOG,
+        username="alice",
+        session_id="s-1",
+        product="NVIDIA-A100-SXM4-80GB",
+        hostname="gpu-a100",
+    )
+    settings.update(disk_pod_settings("alice", ["data"]))
+    settings["priority_class_name"] = "gputap-on-demand"
+    configured = kubespawner_pod(
+        node_selector={"pool": "gpu"},
+        tolerations=[{"key": "dedicated", "operator": "Exists"}],
+        mem_limit="300G",
+        lifecycle_hooks={"preStop": {"exec": {"command": ["sync"]}}},
+    )
+    pod = pod_json(apply_pod_settings(configured, settings))
+    spec = pod["spec"]
+    [notebook] = spec["containers"]
+    assert pod["metadata"]["labels"] == {
+        "component": "singleuser-server",
+        "team": "ml",
+        "gputap.io/user": "alice",
+        "gputap.io/server": "default",
+        "gputap.io/count": "2",
+        "gputap.io/price-class": "on-demand",
+        "gputap.io/card": "A100-80GB",
+    }
+    assert pod["metadata"]["annotations"] == {
+        "hub.jupyter.org/username": "alice",
+        "gputap.io/user": "alice",
+        "gputap.io/server": "",
+        "gputap.io/offering": "A100-80GB",
+        "gputap.io/price-per-hour-micro": "8000000",
+        "gputap.io/session": "s-1",
+    }
+    assert notebook["resources"] == {
+        "limits": {"memory": "300G", "nvidia.com/gpu": "2"},
+        "requests": {"nvidia.com/gpu": "2", "cpu": 16.0, "memory": "240G"},
+    }
+    assert spec["nodeSelector"] == {
+        "pool": "gpu",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+        "kubernetes.io/hostname": "gpu-a100",
+    }
+    assert spec["tolerations"] == [
+        {"key": "dedicated", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert spec["volumes"] == [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "home-alice"}},
+        {"name": "disk-data", "persistentVolumeClaim": {"claimName": "disk-alice--data"}},
+    ]
+    assert notebook["volumeMounts"] == [
+        {"name": "home", "mountPath": "/home/jovyan"},
+        {"name": "disk-data", "mountPath": "/mnt/disks/data"},
+    ]
+    assert notebook["lifecycle"]["preStop"] == {"exec": {"command": ["sync"]}}
+    assert notebook["lifecycle"]["postStart"]["exec"]["command"][:2] == ["sh", "-c"]
+    assert spec["priorityClassName"] == "gputap-on-demand"
+
+
+async def test_a_cpu_server_gets_only_its_labels_and_priority():
+    from spawner.kube.objects import apply_pod_settings
+
+    settings = gpu_pod_settings(
+        Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol", session_id="s-3"
+    )
+    before = pod_json(kubespawner_pod())
+    after = pod_json(apply_pod_settings(kubespawner_pod(), settings))
+    assert after["spec"] == before["spec"]
+    assert after["metadata"]["annotations"]["gputap.io/session"] == "s-3"

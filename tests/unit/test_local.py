@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.local import safe_dirname
+from spawner.core.dirnames import safe_dirname
 
 
 def test_home_folder_names_are_safe_and_readable():

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spawner.catalog import Catalog
-from spawner.placement import (
+from spawner.core.catalog import Catalog
+from spawner.core.placement import (
     CardRequest,
     CpuRequest,
     FreeView,
@@ -12,6 +12,7 @@ from spawner.placement import (
     RequestError,
     SliceRequest,
     SpecRequest,
+    canonical_options,
     parse_request,
     place,
 )
@@ -251,3 +252,13 @@ def test_shared_gpus_are_their_own_option_and_never_match_a_spec():
 def test_a_kind_that_is_not_a_name_is_a_clear_error(kind):
     with pytest.raises(RequestError, match="kind must be one of"):
         parse_request({"kind": kind}, CATALOG)
+
+
+def test_a_slice_names_its_mig_profile_and_the_older_key_still_works():
+    new = {"kind": "slice", "card": "A100-80GB", "mig_profile": "1g.10gb"}
+    old = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
+    assert parse_request(new, CATALOG) == parse_request(old, CATALOG)
+    # KubeSpawner's own load_user_options reads "profile": it never reaches the backend
+    assert canonical_options(old) == new and canonical_options(new) == new
+    with pytest.raises(RequestError, match="older name of mig_profile"):
+        parse_request({**new, "profile": "2g.20gb"}, CATALOG)

@@ -1,5 +1,5 @@
-from spawner.placement import FreeView
-from spawner.queue import WaitQueues, ordinal
+from spawner.core.placement import FreeView
+from spawner.core.queue import WaitQueues, ordinal
 
 
 def test_first_come_first_served_per_offering():

@@ -1,12 +1,12 @@
 """The server API's answers as data: the choices a server can change to."""
 
-from spawner.catalog import Catalog
-from spawner.form import Choice, CourseOffer
-from spawner.placement import Alternative
-from spawner.server_api import choices_view
+from spawner.api.servers import choices_view
+from spawner.core.catalog import Catalog
+from spawner.core.form import Choice, CourseOffer
+from spawner.core.placement import Alternative
 
 CATALOG = Catalog.load()
-SLICE = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
+SLICE = {"kind": "slice", "card": "A100-80GB", "mig_profile": "1g.10gb"}
 RTX = {"kind": "card", "card": "RTX-4090", "count": 1}
 T4_FREE = (Alternative(CATALOG.offering("T4"), 1, 1_500_000),)
 

@@ -18,16 +18,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from tornado import web
 from tornado.log import app_log as log
 
-from .base import wanted_key
+from gputap_common import clock
+from gputap_common.money import format_credits
+from gputap_common.names import server_label
+
+from ..core.choices import wanted_key
+from ..core.form import offering_options
+from ..core.placement import Alternative, Refusal, RequestError
 from .billing_client import BillingRefused, BillingUnavailable
-from .form import offering_options
-from .placement import Alternative, Refusal, RequestError, format_credits
 
 STOPPING, STARTING, WAITING = "stopping", "starting", "waiting"
 DONE, FAILED, REVERTED = "done", "failed", "reverted"
@@ -41,10 +45,6 @@ ANSWER_GRACE_SECONDS = 1.0
 _changes: dict[tuple[str, str], Change] = {}
 # the background tasks of changes in progress (asyncio keeps only weak references)
 _tasks: set[asyncio.Task] = set()
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Change:
 
     @property
     def who(self) -> str:
-        return f"{self.user}/{self.server}" if self.server else self.user
+        return server_label(self.user, self.server)
 
     @property
     def active(self) -> bool:
@@ -73,7 +73,7 @@ class Change:
         """Move to ``state`` (one log line per state change)."""
         self.state, self.message = state, message
         if state not in ACTIVE:
-            self.finished_at = utcnow()
+            self.finished_at = clock.utcnow()
         log.info(
             "%s: %s %s -> %s: %s: %s",
             *(self.who, self.reason, self.from_key, self.to_key, state, message),
@@ -143,7 +143,7 @@ def status(user_name: str, server_name: str) -> Change | None:
 
 def why_busy(spawner: Any, user_name: str, server_name: str) -> str | None:
     """Why the server cannot change now (409), or None."""
-    who = f"{user_name}/{server_name}" if server_name else user_name
+    who = server_label(user_name, server_name)
     current = status(user_name, server_name)
     if current is not None and current.active:
         return f"{who} is already changing ({current.state}); wait until that is done"
@@ -239,11 +239,11 @@ async def change_server(
         user=user.name,
         server=server_name,
         reason=reason,
-        from_key=(spawner.gpu or {}).get("offering", ""),
+        from_key=spawner.record.offering if spawner.record else "",
         to_key=answer.offering.key if not isinstance(answer, Refusal) else wanted,
         state=STOPPING,
         message="",
-        started_at=utcnow(),
+        started_at=clock.utcnow(),
     )
     _changes[(user.name, server_name)] = change
     change.set(STOPPING, f"stopping the {_label(spawner, change.from_key)} server")
@@ -326,8 +326,8 @@ async def _run(
                 f"{from_label} server.",
             )
         return
-    record = hub.spawner(user, name).gpu or {}
-    change.to_key = record.get("offering", change.to_key)
+    record = hub.spawner(user, name).record
+    change.to_key = record.offering if record else change.to_key
     change.set(DONE, f"Now running on {_label(spawner, change.to_key)}.")
 
 

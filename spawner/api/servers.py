@@ -14,17 +14,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import has_scope
 from tornado import web
 
-from .account import account_of
-from .billing_client import BillingRefused, BillingUnavailable
-from .change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
-from .form import Choice, CourseOffer, course_offers, offering_options
-from .placement import format_credits
+from gputap_common.money import format_credits
+from gputap_common.names import server_label
 
-API_PATH = "gputap/api"
+from ..core.form import Choice, CourseOffer, course_offers, offering_options
+from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
+from ..lifecycle.change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
+from .account import account_of
+from .base import API_PATH, GPUTapAPIHandler
+
 #: users/{user}/server (default server: no name) or users/{user}/servers/{name}
 _SERVER = rf"/{API_PATH}/users/([^/]+)/(?:server|servers/([^/]+))"
 CHANGE_KEYS = frozenset({"options", "queue"})
@@ -76,11 +77,7 @@ def choices_view(
     }
 
 
-def _who(user_name: str, server_name: str) -> str:
-    return f"{user_name}/{server_name}" if server_name else user_name
-
-
-class ServerAPIHandler(APIHandler):
+class ServerAPIHandler(GPUTapAPIHandler):
     """Finds the server a request names, if the caller may see it; errors as JSON."""
 
     def find_server(self, user_name: str, server_name: str | None, scope: str) -> tuple[Any, Any]:
@@ -90,7 +87,8 @@ class ServerAPIHandler(APIHandler):
         if self.current_user is None:
             raise web.HTTPError(403, "Missing or invalid credentials.")
         missing = web.HTTPError(
-            404, f"No server {_who(user_name, server_name)}: it does not exist or is not yours"
+            404,
+            f"No server {server_label(user_name, server_name)}: it does not exist or is not yours",
         )
         wanted = f"{scope}!server={user_name}/{server_name}"
         if not has_scope(wanted, self.parsed_scopes, db=self.db):
@@ -109,12 +107,6 @@ class ServerAPIHandler(APIHandler):
         body = {"status": 409, "message": error.log_message, "alternatives": error.alternatives}
         self.finish(json.dumps(body))
 
-    def write_json(self, data: dict[str, Any], status_code: int = 200) -> None:
-        self.set_status(status_code)
-        self.set_header("Content-Type", "application/json")
-        self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(data))
-
 
 def _billing_error(e: Exception, what: str) -> web.HTTPError:
     if isinstance(e, BillingUnavailable):
@@ -131,13 +123,13 @@ class ServerHandler(ServerAPIHandler):
     async def get(self, user_name: str, server_name: str | None = None) -> None:
         user, spawner = self.find_server(user_name, server_name, "read:servers")
         server_name = server_name or ""
-        record = spawner.gpu or {}
-        offering = record.get("offering")
+        record = spawner.record
+        offering = record.offering if record else None
         try:
             account = await account_of(spawner.billing, user.name)
         except (BillingUnavailable, BillingRefused) as e:
             raise _billing_error(e, "this server's cost and your credit") from None
-        session_id = record.get("session_id")
+        session_id = record.session_id if record else None
         session = next(
             (s for s in account.get("running") or [] if session_id and s["id"] == session_id),
             None,
@@ -151,9 +143,9 @@ class ServerHandler(ServerAPIHandler):
                 "pending": spawner.pending,
                 "offering": offering,
                 "label": spawner.catalog.offering(offering).label if offering else None,
-                "count": record.get("count"),
-                "simulated": bool(record.get("simulated")),
-                "course": record.get("course", ""),
+                "count": record.count if record else None,
+                "simulated": bool(record and record.simulated),
+                "course": record.course if record else "",
                 "disks": await spawner.attached_disks_view(),
                 "session": session,
                 "account": account,
@@ -173,7 +165,7 @@ class ChoicesHandler(ServerAPIHandler):
         except (BillingUnavailable, BillingRefused) as e:
             raise _billing_error(e, "the options and their prices") from None
         choices, simulated, _ = await spawner.choices(own_free=True)
-        current = (spawner.gpu or {}).get("offering") if spawner.ready else None
+        current = spawner.record.offering if spawner.ready and spawner.record else None
         self.write_json(
             choices_view(
                 choices,
@@ -192,7 +184,7 @@ class ChangeHandler(ServerAPIHandler):
         user, _ = self.find_server(user_name, server_name, "read:servers")
         change = status(user.name, server_name or "")
         if change is None:
-            who = _who(user.name, server_name or "")
+            who = server_label(user.name, server_name or "")
             raise web.HTTPError(404, f"No change of {who} was asked for since the hub started")
         self.write_json(change.view())
 
@@ -220,7 +212,7 @@ class ChangeHandler(ServerAPIHandler):
         self.write_json(change.view(), 202)
 
 
-handlers = [
+default_handlers = [
     (rf"{_SERVER}/choices", ChoicesHandler),
     (rf"{_SERVER}/change", ChangeHandler),
     (_SERVER, ServerHandler),

@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from gputap_common.money import format_credits
+
 from .catalog import Offering
-from .placement import Alternative, Placement, Refusal, format_credits
+from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,7 @@ def _choice_options(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]
         return {"kind": "card", "card": key, "count": _first(form_data, f"count:{key}", "1")}
     if kind == "slice":
         card, _, profile = key.partition("/")
-        return {"kind": "slice", "card": card, "profile": profile}
+        return {"kind": "slice", "card": card, MIG_PROFILE_KEY: profile}
     if kind == "shared":
         return {"kind": "shared", "card": key.partition("/")[0]}
     if kind == "spec":
@@ -361,7 +363,7 @@ def offering_options(offering: Offering, count: int = 1, course: str = "") -> di
     if offering.kind == "card":
         options: dict[str, object] = {"kind": "card", "card": offering.key, "count": count}
     elif offering.kind == "slice":
-        options = {"kind": "slice", "card": offering.card, "profile": offering.profile}
+        options = {"kind": "slice", "card": offering.card, MIG_PROFILE_KEY: offering.profile}
     elif offering.kind == "shared":
         options = {"kind": "shared", "card": offering.card}
     else:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,16 @@ class BillingRefused(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+def _message(body: bytes | None) -> str | None:
+    """The message of billing's JSON error body (``{"status", "message"}``), if it is one."""
+    try:
+        error = json.loads(body or b"")
+    except ValueError:
+        return None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message else None
 
 
 class BillingClient:
@@ -55,16 +66,18 @@ class BillingClient:
         try:
             response = await AsyncHTTPClient().fetch(request)
         except HTTPClientError as e:
-            if e.code < 500 and e.response is not None:
-                try:
-                    message = json.loads(e.response.body or b"{}").get("message")
-                except ValueError:
-                    message = None
-                raise BillingRefused(e.code, message or f"billing refused ({e.code})") from None
+            message = _message(e.response.body if e.response is not None else None)
+            if e.code < 500 and message is not None:
+                raise BillingRefused(e.code, message) from None
+            # a 5xx, or an answer that is not billing's (whatever took its port): billing is
+            # not there to ask
             raise BillingUnavailable(f"billing answered {e.code} to {method} {path}") from None
         except OSError as e:
             raise BillingUnavailable(f"billing unreachable: {e.strerror or e}") from None
-        return json.loads(response.body) if response.body else None
+        try:
+            return json.loads(response.body) if response.body else None
+        except ValueError:
+            raise BillingUnavailable(f"billing answered {method} {path} with no JSON") from None
 
     async def prices(self, skus: list[str]) -> dict[str, int]:
         """Price per hour in micro-credits of each SKU that has one."""
@@ -161,3 +174,12 @@ class BillingClient:
     async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:
         path = f"api/sessions/{quote(session_id, safe='')}/stop"
         return await self._call("POST", path, {"ended_at": ended_at.isoformat()})
+
+
+def unavailable_error(e: Exception) -> web.HTTPError:
+    """What a user is told when a start cannot ask billing (nothing was charged)."""
+    return web.HTTPError(
+        503,
+        "Billing is unreachable, so no server can start now (nothing is charged). "
+        f"Try again in a minute; if it persists, tell an operator. ({e})",
+    )

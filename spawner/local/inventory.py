@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from .catalog import MIG_FULL_SLICES, Catalog, offering_key
-from .placement import FreeView, Placement
+from ..core.catalog import MIG_FULL_SLICES, Catalog, offering_key
+from ..core.placement import FreeView, Placement
 
 log = logging.getLogger(__name__)
 

@@ -8,28 +8,22 @@ update), so this module runs its own list+watch loops on KubeSpawner's shared cl
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from functools import partial
 from typing import Any
 
-from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiException
 
-from .base import utcnow
-from .catalog import Catalog
-from .kube_inventory import ClusterInventory
+from gputap_common import clock
+from gputap_common.kube_watch import list_objects, parse_kube_time, watch_objects
+
+from ..core.catalog import Catalog
+from .inventory import ClusterInventory
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Mapping[str, Any]], None]
-
-
-def parse_time(value: str) -> datetime:
-    """A Kubernetes RFC 3339 time ("2026-11-29T19:00:00Z") as an aware datetime."""
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -55,35 +49,32 @@ async def list_and_watch(
     while True:
         try:
             if resource_version is None:
-                raw = await method(_preload_content=False)
-                listing = json.loads(await raw.read())
+                listing = await list_objects(method)
                 on_relist(listing["items"])
                 resource_version = listing["metadata"]["resourceVersion"]
                 ready.set()
-            stream = watch.Watch().stream(
-                partial(method, _preload_content=False),
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
+            events = watch_objects(
+                method, resource_version=resource_version, timeout_seconds=timeout_seconds
             )
-            async with stream as events:
-                async for event in events:
-                    obj = event["raw_object"]
-                    if event["type"] == "ERROR":
-                        if obj.get("code") == 410:
-                            resource_version = None
-                            break
-                        raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        on_event(event["type"], obj)
-                    resource_version = obj["metadata"].get("resourceVersion", resource_version)
+            async for event, obj in events:
+                on_event(event, obj)
+                resource_version = obj["metadata"].get("resourceVersion", resource_version)
             delay = 0.1
         except asyncio.CancelledError:
             raise
+        except ApiException as e:
+            resource_version = None  # 410 Gone: that version is too old; relist at once
+            if e.status != 410:
+                delay = await _back_off(list_method, e, delay)
         except Exception as e:
-            log.warning("watching %s failed (%s); relisting in %.1f s", list_method, e, delay)
             resource_version = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30)
+            delay = await _back_off(list_method, e, delay)
+
+
+async def _back_off(list_method: str, error: Exception, delay: float) -> float:
+    log.warning("watching %s failed (%s); relisting in %.1f s", list_method, error, delay)
+    await asyncio.sleep(delay)
+    return min(delay * 2, 30)
 
 
 class ClusterWatcher:
@@ -125,10 +116,10 @@ class ClusterWatcher:
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
             if finished:
-                self.ended.setdefault(key, parse_time(finished))
+                self.ended.setdefault(key, parse_kube_time(finished))
                 return
         if event == "DELETED":
-            self.ended.setdefault(key, utcnow())
+            self.ended.setdefault(key, clock.utcnow())
         elif meta.get("deletionTimestamp") is None:
             self.ended.pop(key, None)  # a new pod of the same name
 

@@ -28,18 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import has_scope
 from tornado import web
 
-from .base import utcnow
-from .billing_client import BillingClient, BillingRefused, BillingUnavailable
-from .change import restart_with
-from .change import status as change_status
-from .disks import Disk, DiskError, check_new_disk
+from gputap_common import clock, scopes
 
-API_PATH = "gputap/api"
-DISKS_SCOPE = "custom:gputap:disks"
+from ..core.disks import Disk, DiskError, check_new_disk
+from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUnavailable
+from ..lifecycle.change import restart_with
+from ..lifecycle.change import status as change_status
+from .base import API_PATH, GPUTapAPIHandler
+
 #: billing's storage SKU and price class (per GB-hour, count = GB)
 DISK_SKU = "disk"
 STORAGE_CLASS = "storage"
@@ -64,7 +63,7 @@ def refusals_as_http() -> Iterator[None]:
         raise web.HTTPError(400, str(e)) from None
 
 
-class DiskAPIHandler(APIHandler):
+class DiskAPIHandler(GPUTapAPIHandler):
     """What the disk handlers share: who may see what, the store, the views."""
 
     def may(self, scope: str) -> bool:
@@ -75,7 +74,7 @@ class DiskAPIHandler(APIHandler):
         caller may not see."""
         if self.current_user is None:
             raise web.HTTPError(403, "Missing or invalid credentials.")
-        user = self.find_user(username) if self.may(f"{DISKS_SCOPE}!user={username}") else None
+        user = self.find_user(username) if self.may(f"{scopes.DISKS}!user={username}") else None
         if user is None:
             raise web.HTTPError(404, f"No user {username!r}")
         return user
@@ -121,11 +120,6 @@ class DiskAPIHandler(APIHandler):
         with refusals_as_http():
             return await getattr(user.spawner.disk_store, method)(user.name, *args)
 
-    def write_json(self, data: dict[str, Any], status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Cache-Control", "no-store")
-        self.write(data)
-
 
 class DisksHandler(DiskAPIHandler):
     async def get(self, username: str) -> None:
@@ -156,7 +150,7 @@ class DisksHandler(DiskAPIHandler):
             with refusals_as_http():
                 check_new_disk(existing, name, size_gb, spawner.disk_max_size_gb, spawner.max_disks)
             session_id = str(uuid.uuid4())
-            started_at = utcnow()
+            started_at = clock.utcnow()
             try:
                 await spawner.billing.start_session(
                     session_id,
@@ -169,7 +163,7 @@ class DisksHandler(DiskAPIHandler):
                 )
             except BillingUnavailable as e:
                 # billing may have stored the session before its answer was lost
-                await spawner.close_billing_session(session_id, started_at)
+                await spawner.metering.close(session_id, started_at)
                 raise web.HTTPError(
                     503,
                     "Billing is unreachable, so no disk can be created now (nothing was "
@@ -182,7 +176,7 @@ class DisksHandler(DiskAPIHandler):
             try:
                 disk = await self.store_call(user, "create", name, size_gb, session_id)
             except BaseException:
-                await spawner.close_billing_session(session_id, started_at)
+                await spawner.metering.close(session_id, started_at)
                 raise
         self.log.info("%s: disk %s created (%d GB)", user.name, name, size_gb)
         self.write_json(self.view(user, disk), 201)
@@ -206,7 +200,7 @@ class DiskHandler(DiskAPIHandler):
             refuse_if_mounted(user, name)
             if disk.billing_session_id:
                 try:
-                    await spawner.billing.stop_session(disk.billing_session_id, utcnow())
+                    await spawner.billing.stop_session(disk.billing_session_id, clock.utcnow())
                 except BillingUnavailable as e:
                     raise web.HTTPError(
                         503,
@@ -366,7 +360,7 @@ async def disk_price(billing: BillingClient) -> dict[str, Any]:
     }
 
 
-handlers = [
+default_handlers = [
     (rf"/{API_PATH}/users/([^/]+)/disks", DisksHandler),
     (rf"/{API_PATH}/users/([^/]+)/disks/([^/]+)", DiskHandler),
     (rf"/{API_PATH}/users/([^/]+)/disks/([^/]+)/(attach|detach)", DiskActionHandler),

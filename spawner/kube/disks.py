@@ -28,7 +28,9 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 from kubespawner.slugs import is_valid_label, safe_slug
 
-from .disks import (
+from gputap_common import labels as keys
+
+from ..core.disks import (
     HOME_FOLDER,
     Disk,
     DiskConflict,
@@ -40,13 +42,6 @@ from .disks import (
 )
 
 MOUNT_ROOT = "/mnt/disks"
-DISK_LABEL = "gputap.io/disk"
-USER_LABEL = "hub.jupyter.org/username"
-MANAGED_BY = "app.kubernetes.io/managed-by"
-NAME_ANNOTATION = "gputap.io/disk-name"
-CREATED_ANNOTATION = "gputap.io/created-at"
-ATTACHED_ANNOTATION = "gputap.io/attached-to"
-SESSION_ANNOTATION = "gputap.io/billing-session"
 
 # one lock per (namespace, user) and event loop: a count and the creation relying on it are
 # one step within the hub
@@ -72,12 +67,12 @@ def claim_body(
 ) -> dict[str, Any]:
     """The PersistentVolumeClaim of a new disk. Pure."""
     annotations = {
-        USER_LABEL: user,
-        NAME_ANNOTATION: name,
-        CREATED_ANNOTATION: created_at.isoformat(),
+        keys.HUB_USERNAME: user,
+        keys.DISK_NAME: name,
+        keys.CREATED_AT: created_at.isoformat(),
     }
     if billing_session_id:
-        annotations[SESSION_ANNOTATION] = billing_session_id
+        annotations[keys.BILLING_SESSION] = billing_session_id
     spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": f"{size_gb}Gi"}},
@@ -89,7 +84,11 @@ def claim_body(
         "kind": "PersistentVolumeClaim",
         "metadata": {
             "name": claim_name(user, name),
-            "labels": {MANAGED_BY: "gputap", DISK_LABEL: "true", USER_LABEL: user_label(user)},
+            "labels": {
+                keys.MANAGED_BY: "gputap",
+                keys.DISK: "true",
+                keys.HUB_USERNAME: user_label(user),
+            },
             "annotations": annotations,
         },
         "spec": spec,
@@ -110,11 +109,11 @@ def disk_from_claim(claim: dict[str, Any]) -> Disk:
     meta = claim["metadata"]
     notes = meta.get("annotations") or {}
     return Disk(
-        name=notes[NAME_ANNOTATION],
+        name=notes[keys.DISK_NAME],
         size_gb=_size_gb(claim["spec"]["resources"]["requests"]["storage"]),
-        created_at=datetime.fromisoformat(notes[CREATED_ANNOTATION]),
-        attached_to=notes.get(ATTACHED_ANNOTATION),
-        billing_session_id=notes.get(SESSION_ANNOTATION),
+        created_at=datetime.fromisoformat(notes[keys.CREATED_AT]),
+        attached_to=notes.get(keys.ATTACHED_TO),
+        billing_session_id=notes.get(keys.BILLING_SESSION),
     )
 
 
@@ -196,7 +195,7 @@ class KubeDiskStore:
             raise unavailable(e) from None
 
     async def _claims(self, user: str) -> list[dict[str, Any]]:
-        selector = f"{DISK_LABEL}=true,{USER_LABEL}={user_label(user)}"
+        selector = f"{keys.DISK}=true,{keys.HUB_USERNAME}={user_label(user)}"
         listing = await self._call(
             "list_namespaced_persistent_volume_claim", self.namespace, label_selector=selector
         )
@@ -268,7 +267,7 @@ class KubeDiskStore:
     async def _set_attached(self, user: str, name: str, server: str | None) -> Disk:
         async with self._lock(user):
             await self._claim(user, name)
-            patch = {"metadata": {"annotations": {ATTACHED_ANNOTATION: server}}}
+            patch = {"metadata": {"annotations": {keys.ATTACHED_TO: server}}}
             try:
                 patched = await self._call(
                     "patch_namespaced_persistent_volume_claim",
@@ -293,7 +292,7 @@ class KubeDiskStore:
 
 
 def _owner(claim: dict[str, Any]) -> str | None:
-    return (claim["metadata"].get("annotations") or {}).get(USER_LABEL)
+    return (claim["metadata"].get("annotations") or {}).get(keys.HUB_USERNAME)
 
 
 def unavailable(e: Exception) -> DiskUnavailable:

@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import SHARED, Catalog, offering_key
-from .placement import FreeView
+from gputap_common import labels
+
+from ..core.catalog import SHARED, Catalog, offering_key
+from ..core.placement import FreeView
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +27,6 @@ SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-#: annotation naming the reservation a pod fulfils (set by the spawner)
-RESERVATION_ANNOTATION = "gputap.io/reservation"
-#: label of interruptible pods, which on-demand pods may preempt
-SPOT_LABEL = ("gputap.io/price-class", "spot")
 
 
 def quantity(value: Any) -> int:
@@ -156,13 +153,14 @@ class ClusterInventory:
     def apply_pod(self, event: str, pod: Mapping[str, Any]) -> None:
         """A pod was ADDED, MODIFIED or DELETED."""
         meta = pod["metadata"]
-        holder = (meta.get("annotations") or {}).get(RESERVATION_ANNOTATION)
+        holder = (meta.get("annotations") or {}).get(labels.RESERVATION)
         uid = meta.get("uid") or meta["name"]
         node_name = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
-        holds = event != "DELETED" and node_name and phase not in TERMINAL_PHASES
+        holds = event != "DELETED" and node_name and phase not in labels.TERMINAL_PHASES
         wanted = pod_requests(pod) if holds else Counter()
-        spot = (meta.get("labels") or {}).get(SPOT_LABEL[0]) == SPOT_LABEL[1]
+        # interruptible pods, which on-demand pods may preempt
+        spot = (meta.get("labels") or {}).get(labels.PRICE_CLASS) == "spot"
         previous = self._holding.pop(uid, None)
         if previous is not None:
             old_node, old_wanted, was_spot = previous
@@ -171,7 +169,7 @@ class ClusterInventory:
                 self._spot_used[old_node].subtract(old_wanted)
             if old_node != node_name:
                 self._refresh(old_node)
-        if holder and (holds or event == "DELETED" or phase in TERMINAL_PHASES):
+        if holder and (holds or event == "DELETED" or phase in labels.TERMINAL_PHASES):
             self.release(holder)  # the pod itself is counted from now on
         if holds and wanted:
             self._holding[uid] = (node_name, wanted, spot)

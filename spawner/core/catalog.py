@@ -20,7 +20,7 @@ CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 CPU_KEY = "cpu"
 #: GPU instance slices a full MIG-capable card has (A100, H100, H200, H800 alike).
 MIG_FULL_SLICES = 7
-_PROFILE_RE = re.compile(r"^(?P<g>[1-7])g\.(?P<mem>\d+)gb$")
+_PROFILE_RE = re.compile(r"(?P<g>[1-7])g\.(?P<mem>\d+)gb")
 
 OfferingKind = Literal["card", "slice", "shared", "cpu"]
 #: the "profile" part of a time-sliced shared GPU's key: "A100-80GB/shared"
@@ -38,7 +38,7 @@ class MigProfile:
 
     @classmethod
     def parse(cls, name: str, max_instances: int) -> MigProfile:
-        match = _PROFILE_RE.match(str(name))
+        match = _PROFILE_RE.fullmatch(str(name))
         if not match:
             raise ValueError(f"MIG profile {name!r} is not of the form '<g>g.<memory>gb'")
         if not isinstance(max_instances, int) or not 1 <= max_instances <= MIG_FULL_SLICES:

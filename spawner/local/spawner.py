@@ -14,25 +14,25 @@ import os
 import pwd
 import sys
 import time
-import uuid
-from collections.abc import Iterable
-from datetime import datetime
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Unicode, default
 
-from .base import GPUSpawnerMixin, billing_unavailable, utcnow
-from .billing_client import BillingRefused, BillingUnavailable
-from .dirnames import safe_dirname
-from .disks import HOME_FOLDER, LocalDiskStore, link_disks
+from ..core.dirnames import safe_dirname
+from ..core.disks import HOME_FOLDER
+from ..core.placement import FreeView, Placement, ServerOptions
+from ..core.record import ServerRecord
+from ..lifecycle.mixin import GPUSpawnerMixin
+from .disks import LocalDiskStore, link_disks
 from .inventory import DevicePool, load_local_devices
-from .placement import FreeView
 
-DEFAULT_INVENTORY_FILE = Path(__file__).parent.parent / "hub_config" / "simulated-inventory.yaml"
+DEFAULT_INVENTORY_FILE = (
+    Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
+)
 
 _pools: dict[tuple[str, str], DevicePool] = {}
 _pool_lock = asyncio.Lock()
@@ -107,15 +107,6 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     #: the disk links a system user's server makes as it starts (see _link_disks)
     _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
-    # per-server GPU record: {"session_id", "offering", "count", "devices", "hold_id",
-    # "started_at"} (see GPUSpawnerMixin.gpu)
-    gpu: dict[str, Any] | None = None
-    _closed_session: str | None = None
-    _stop_requested: datetime | None = None
-
-    @property
-    def holder(self) -> str:
-        return self._log_name
 
     @property
     def home_dir(self) -> str:
@@ -159,7 +150,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         for name in blocked:
             self.log.warning(
                 "%s: disk %s not linked: ~/%s/%s is the user's own file",
-                self.holder,
+                self.who,
                 name,
                 HOME_FOLDER,
                 name,
@@ -169,8 +160,13 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     # -- inventory -----------------------------------------------------------------------
 
+    @property
+    def _pool_key(self) -> tuple[str, str]:
+        return (self.inventory, self.inventory_file)
+
     async def pool(self) -> DevicePool:
-        key = (self.inventory, self.inventory_file)
+        """This machine's devices, read once per hub (in an executor: NVML blocks)."""
+        key = self._pool_key
         async with _pool_lock:
             if key not in _pools:
                 loop = asyncio.get_running_loop()
@@ -188,7 +184,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             return _pools[key]
 
     def queue_view(self) -> FreeView:
-        pool = _pools.get((self.inventory, self.inventory_file))
+        pool = _pools.get(self._pool_key)
         return pool.free_view() if pool else FreeView()
 
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
@@ -197,7 +193,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
         pool = await self.pool()
-        return pool.free_view(as_free=self.holder), pool.simulated
+        return pool.free_view(as_free=self.who), pool.simulated
 
     # -- process environment --------------------------------------------------------------
 
@@ -233,58 +229,64 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     def get_env(self) -> dict[str, str]:
         env = super().get_env()
-        if self.gpu is not None:
-            visible = ",".join(self.gpu["devices"])
+        if self.record is not None:
+            visible = ",".join(self.record.devices)
             # an empty value hides every GPU from CUDA: CPU-only servers see none
             env["CUDA_VISIBLE_DEVICES"] = visible
             env["NVIDIA_VISIBLE_DEVICES"] = visible or "void"
-            env["GPUTAP_OFFERING"] = self.gpu["offering"]
-            env["GPUTAP_GPU_COUNT"] = str(self.gpu["count"])
-            env["GPUTAP_SIMULATED"] = "1" if self.gpu.get("simulated") else "0"
+            env["GPUTAP_OFFERING"] = self.record.offering
+            env["GPUTAP_GPU_COUNT"] = str(self.record.count)
+            env["GPUTAP_SIMULATED"] = "1" if self.record.simulated else "0"
         return env
 
-    # -- lifecycle ------------------------------------------------------------------------
+    # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
 
-    async def start(self):
-        options = self.validated_options()
+    async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
         pool = await self.pool()
-        prices = await self.prices_for(pool.free_view())
-        answer = await self.place_or_wait(options, pool.free_view, prices)
-        # no await since the decision: no other spawn can take these devices first
-        devices = pool.take(answer, self.holder)
-        self.gpu = {
-            "session_id": str(uuid.uuid4()),
-            "offering": answer.offering.key,
-            "count": answer.count,
-            "devices": [d.uuid for d in devices],
-            "simulated": pool.simulated,
-            "course": options.course,
-        }
-        self.progress_note = f"matched {answer.offering.label} on {pool.node}"
-        self.log.info(
-            "%s: placed %s ×%d on %s (%s)",
-            self.holder,
-            answer.offering.key,
-            answer.count,
-            pool.node,
-            ",".join(self.gpu["devices"]) or "no GPU",
-        )
+        return pool.free_view, pool.free_view()
+
+    def take_devices(self, placement: Placement, record: ServerRecord) -> None:
+        pool = _pools[self._pool_key]  # gpu_views made it
+        record.devices = tuple(d.uuid for d in pool.take(placement, self.who))
+        record.simulated = pool.simulated
+
+    def release_devices(self, record: ServerRecord, still_running: bool = False) -> None:
+        """Free the devices; a process that never died may still use its GPU, so then they
+        stay held under a name of their own."""
+        pool = _pools.get(self._pool_key)
+        if pool is None:
+            return
+        if still_running:
+            pool.rename(self.who, f"{self.who} (pid {self.pid} never died)")
+        else:
+            pool.release(self.who)
+
+    async def launch(self, placement: Placement) -> tuple[str, int]:
+        """Link the disks, start the process, and return once it answers HTTP (billing
+        starts when the server is up); a process that never answered is stopped."""
+        await self._link_disks()
         try:
-            await self.admit(answer)
-            await self._link_disks()
-            ip, port = await super().start()
+            ip, port = await LocalProcessSpawner.start(self)
             await self._wait_up(ip, port)
-            await self.open_billing_session(self.gpu, utcnow())
-        except BaseException as e:
-            await self._abort_start()
-            if isinstance(e, BillingUnavailable | BillingRefused):
-                raise billing_unavailable(e) from None
+        except BaseException:
+            if self.pid:
+                await LocalProcessSpawner.stop(self, now=True)
             raise
-        self.log.info("%s: up, billing session %s started", self.holder, self.gpu["session_id"])
         return ip, port
 
+    async def still_running(self) -> bool:
+        return bool(self.pid) and await self._signal(0)
+
+    def claim_devices(self, record: ServerRecord) -> None:
+        pools = list(_pools.values())
+        if not pools:
+            _pending_claims[self.who] = list(record.devices)
+            return
+        for device_uuid in pools[0].claim(record.devices, self.who):
+            self.log.warning("%s: device %s is gone or taken", self.who, device_uuid)
+
     async def _wait_up(self, ip: str, port: int) -> None:
-        """Return once the server answers HTTP: billing starts when the server is up."""
+        """Return once the server answers HTTP."""
         url = f"http://{ip}:{port}{self.server.base_url}api"
         client = AsyncHTTPClient()
         deadline = time.monotonic() + self.http_timeout
@@ -300,89 +302,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             except OSError:
                 pass
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"{self.holder} did not answer within {self.http_timeout} s")
-
-    async def _abort_start(self) -> None:
-        record, self.gpu = self.gpu, None
-        if self.pid:
-            await LocalProcessSpawner.stop(self, now=True)
-        pool = await self.pool()
-        released = pool.release(self.holder)
-        self.log.info("%s: start failed, released %s", self.holder, ",".join(released) or "-")
-        self.wake_queue()
-        await self.abandon_billing(record)
-
-    async def _finish(
-        self, record: dict[str, Any] | None, ended_at: datetime, release: bool = True
-    ) -> None:
-        """End billing at ``ended_at`` and free the devices (after stop or death).
-
-        ``release=False`` keeps the devices held under a name of their own: a process that
-        never died may still be using its GPU."""
-        pool = await self.pool()
-        if release:
-            released = pool.release(self.holder)
-            self.wake_queue()
-        else:
-            released = []
-            pool.rename(self.holder, f"{self.holder} (pid {self.pid} never died)")
-        if record is None or record["session_id"] == self._closed_session:
-            return
-        self._closed_session = record["session_id"]
-        result = await self.settle_billing_session(record, ended_at)
-        if "started_at" not in record:  # stopped before it was up: only its hold was released
-            return
-        billed = result.get("billed_seconds") if result else "(pending)"
-        devices = ",".join(released) or "no GPU"
-        self.log.info("%s: stopped; billed %s s, released %s", self.holder, billed, devices)
-
-    async def stop(self, now: bool = False) -> None:
-        # billing ends when the stop is asked for: the user has lost the server (its route is
-        # gone), so the seconds of a graceful shutdown are not theirs to pay
-        self._stop_requested = utcnow()
-        record = self.gpu
-        try:
-            await super().stop(now=now)  # polls while waiting: poll() may settle first
-        finally:
-            # even if stopping failed the user has lost the server: billing ends now
-            requested, self._stop_requested = self._stop_requested, None
-            if record is not None and self.gpu is not None:
-                self.gpu = None
-                alive = bool(self.pid) and await self._signal(0)
-                await self._finish(record, requested, release=not alive)
-
-    async def poll(self):
-        record = self.gpu
-        status = await super().poll()
-        if status is not None and record is not None:
-            self.gpu = None
-            await self._finish(record, self._stop_requested or utcnow())
-        return status
-
-    # -- state across hub restarts -------------------------------------------------------
-
-    def get_state(self) -> dict[str, Any]:
-        state = super().get_state()
-        if self.gpu is not None:
-            state["gputap"] = self.gpu
-        return state
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        record = state.get("gputap")
-        if not record:
-            return
-        self.gpu = dict(record)
-        pools = list(_pools.values())
-        if pools:
-            for device_uuid in pools[0].claim(record["devices"], self.holder):
-                self.log.warning("%s: device %s is gone or taken", self.holder, device_uuid)
-        else:
-            _pending_claims[self.holder] = list(record["devices"])
-
-    def clear_state(self) -> None:
-        super().clear_state()
-        self.gpu = None
+        raise TimeoutError(f"{self.who} did not answer within {self.http_timeout} s")
 
 
 def _link_in_home(home: Path, root: Path, wanted: dict[str, Path], keep: set[str]) -> list[str]:

@@ -6,7 +6,9 @@ Pure and synchronous: no I/O, no hub. The backends (local processes, Kubernetes)
 Requests (the ``user_options`` a user sends, validated by :func:`parse_request`):
 
 - ``{"kind": "card", "card": "A100-80GB", "count": 2}``: whole cards on one machine;
-- ``{"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}``: one MIG slice;
+- ``{"kind": "slice", "card": "A100-80GB", "mig_profile": "1g.10gb"}``: one MIG slice
+  (``profile`` is accepted for ``mig_profile``: gputap's older name, which KubeSpawner
+  reserves for its own profiles, so :func:`canonical_options` renames it);
 - ``{"kind": "spec", "min_memory_gb": 32, "min_tflops": 80, "count": 1}``: the cheapest free
   card (or, for one GPU, slice) with at least that memory and FP16 TFLOPS per GPU;
 - ``{"kind": "shared", "card": "T4"}``: a time-sliced share of a GPU (Kubernetes,
@@ -20,8 +22,9 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
+
+from gputap_common.money import format_credits
 
 from .catalog import CPU_KEY, SHARED, Catalog, Offering, offering_key
 
@@ -116,11 +119,6 @@ class Refusal:
         return f"{self.reason}. Free now: {listed}."
 
 
-def format_credits(micro: int) -> str:
-    """Micro-credits as credits with two decimals (for messages; billing keeps integers)."""
-    return str((Decimal(micro) / 1_000_000).quantize(Decimal("0.01")))
-
-
 class FreeView:
     """Free and total units per offering key and node, each update O(1).
 
@@ -188,7 +186,7 @@ class FreeView:
 
 _FIELDS = {
     "card": {"kind", "card", "count"},
-    "slice": {"kind", "card", "profile"},
+    "slice": {"kind", "card", "mig_profile", "profile"},
     "shared": {"kind", "card"},
     "spec": {"kind", "min_memory_gb", "min_tflops", "count"},
     "cpu": {"kind"},
@@ -239,7 +237,10 @@ class ServerOptions:
     course: str = ""
 
 
-COURSE_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
+COURSE_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
+#: the key of a slice's MIG profile, and the older name it is still accepted under
+MIG_PROFILE_KEY = "mig_profile"
+LEGACY_PROFILE_KEY = "profile"
 
 
 def _flag(options: Mapping[str, Any], key: str) -> bool:
@@ -260,7 +261,7 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
     for key in RUN_OPTIONS:
         options.pop(key, None)
     course = options.pop("course", "") or ""
-    if not isinstance(course, str) or (course and not COURSE_SLUG.match(course)):
+    if not isinstance(course, str) or (course and not COURSE_SLUG.fullmatch(course)):
         raise RequestError(f"course must be the slug of one of your courses, not {course!r}")
     if course and flags["spot"]:
         raise RequestError("a course pays for on-demand servers only; leave spot off")
@@ -299,11 +300,22 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         return CardRequest(card.sku, _count(options))
     if kind == "shared":
         return SharedRequest(card.sku)
-    profile = options.get("profile")
+    profile = options.get(MIG_PROFILE_KEY, options.get(LEGACY_PROFILE_KEY))
+    if options.get(LEGACY_PROFILE_KEY, profile) != profile:
+        raise RequestError(f"{LEGACY_PROFILE_KEY} is the older name of {MIG_PROFILE_KEY}; send one")
     if not isinstance(profile, str) or card.profile(profile) is None:
         names = ", ".join(p.name for p in card.mig_profiles) or "none: it has no MIG"
         raise RequestError(f"{card.sku} has no MIG profile {profile!r}; its profiles: {names}")
     return SliceRequest(card.sku, profile)
+
+
+def canonical_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``user_options`` with the slice's MIG profile under its own key (``profile``, the
+    older name, is KubeSpawner's key for its profiles and must not reach it)."""
+    result = dict(options or {})
+    if LEGACY_PROFILE_KEY in result and MIG_PROFILE_KEY not in result:
+        result[MIG_PROFILE_KEY] = result.pop(LEGACY_PROFILE_KEY)
+    return result
 
 
 def request_for(offering: Offering, count: int = 1) -> Request:

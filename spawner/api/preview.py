@@ -7,7 +7,7 @@ import json
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from .base import PREVIEW_PATH
+from ..lifecycle.mixin import PREVIEW_PATH
 
 
 class PlacementPreviewHandler(BaseHandler):
@@ -30,4 +30,4 @@ class PlacementPreviewHandler(BaseHandler):
         self.finish(json.dumps(answer))
 
 
-handlers = [(rf"/{PREVIEW_PATH}", PlacementPreviewHandler)]
+default_handlers = [(rf"/{PREVIEW_PATH}", PlacementPreviewHandler)]

@@ -7,11 +7,11 @@ from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.scopes import has_scope
 from tornado import web
 
-from .billing_client import BillingClient, BillingRefused, BillingUnavailable
+from gputap_common import scopes
+
+from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUnavailable
 
 ACCOUNT_PATH = "gputap/account"
-#: the scope billing itself asks of a user reading their own account
-BILLING_ACCESS_SCOPE = "access:services!service=billing"
 
 
 class AccountHandler(APIHandler):
@@ -28,8 +28,8 @@ class AccountHandler(APIHandler):
             raise web.HTTPError(403, "Log in to see your credit")
         if user.kind != "user":
             raise web.HTTPError(403, "Billing accounts belong to users, not services")
-        if not has_scope(BILLING_ACCESS_SCOPE, self.parsed_scopes, db=self.db):
-            raise web.HTTPError(403, f"Reading your credit needs the scope {BILLING_ACCESS_SCOPE}")
+        if not has_scope(scopes.BILLING_ACCESS, self.parsed_scopes, db=self.db):
+            raise web.HTTPError(403, f"Reading your credit needs the scope {scopes.BILLING_ACCESS}")
         # the default spawner only for its billing settings: never replace a failed one here
         # (its spawn page may still be reading why it failed)
         billing = user.spawner.billing
@@ -55,4 +55,4 @@ async def account_of(billing: BillingClient, username: str) -> dict:
     return await billing.open_account(username)
 
 
-handlers = [(rf"/{ACCOUNT_PATH}", AccountHandler)]
+default_handlers = [(rf"/{ACCOUNT_PATH}", AccountHandler)]

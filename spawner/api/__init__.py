@@ -1,0 +1,12 @@
+"""The hub's gputap handlers, in JupyterHub's style: one module per resource, each ending in
+its ``default_handlers``; :data:`default_handlers` is all of them, for
+``c.JupyterHub.extra_handlers``."""
+
+from . import account, disks, preview, servers
+
+default_handlers = [
+    *preview.default_handlers,
+    *account.default_handlers,
+    *servers.default_handlers,
+    *disks.default_handlers,
+]

@@ -1,0 +1,172 @@
+"""Placement → the GPU parts of a single-user pod. Pure: keyword arguments in, a dict of
+KubeSpawner trait values out (like kubespawner/objects.py's make_* functions).
+
+Every gputap pod carries labels and annotations under one prefix, ``gputap.io/``, so billing
+and operators can attribute it; the keys and what each holds are in :mod:`gputap_common.labels`.
+
+Billing meters pods by these (billing_service/kube_meter.py): the session annotation is the id
+under which the spawner posts the server's start and stop, so billing's pod meter, a second
+source, records the same session and never a second one; the course annotation is the course
+billing charges, as the spawner names it when it opens the session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubernetes_asyncio.client.models import (
+    V1Lifecycle,
+    V1Pod,
+    V1ResourceRequirements,
+    V1Toleration,
+    V1Volume,
+    V1VolumeMount,
+)
+from kubespawner.slugs import is_valid_label, safe_slug
+from kubespawner.utils import get_k8s_model
+
+from gputap_common import labels as keys
+
+from ..core.catalog import Catalog
+from ..core.placement import Placement
+from .inventory import (
+    GPU_RESOURCE,
+    HOSTNAME_LABEL,
+    MIG_PREFIX,
+    PRODUCT_LABEL,
+    SHARED_RESOURCE,
+)
+
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def label(value: str) -> str:
+    """Any string as a valid, collision-free label value."""
+    return safe_slug(value, is_valid=is_valid_label, max_length=63) if value else ""
+
+
+def gpu_resource(placement: Placement) -> str | None:
+    offering = placement.offering
+    if offering.kind == "slice":
+        return f"{MIG_PREFIX}{offering.profile}"
+    if offering.kind == "shared":
+        return SHARED_RESOURCE
+    return GPU_RESOURCE if offering.kind == "card" else None
+
+
+def gpu_pod_settings(
+    placement: Placement,
+    catalog: Catalog,
+    *,
+    username: str,
+    session_id: str,
+    server_name: str = "",
+    product: str | None = None,
+    hostname: str | None = None,
+    price_class: str = "on-demand",
+    course: str = "",
+) -> dict[str, Any]:
+    """KubeSpawner settings for a placement.
+
+    ``product`` is the GFD product label of the chosen node and ``hostname`` its
+    ``kubernetes.io/hostname``: the pod is pinned to that node (node selectors on both, so the
+    scheduler binds it where its GPUs were reserved), and tolerates the GPU taint. CPU and
+    memory guarantees come from the card's catalog entry, per GPU (a slice counts as its share
+    of a card). ``session_id`` is the billing session the pod is metered under.
+    """
+    if not session_id:
+        raise ValueError("session_id: every gputap pod names its billing session")
+    if price_class not in ("on-demand", "spot"):
+        raise ValueError(f"price_class must be on-demand or spot, not {price_class!r}")
+    offering = placement.offering
+    labels = {
+        keys.USER: label(username),
+        keys.SERVER: label(server_name or "default"),
+        keys.COUNT: str(placement.count),
+        keys.PRICE_CLASS: price_class,
+    }
+    annotations = {
+        keys.USER: username,
+        keys.SERVER: server_name,
+        keys.OFFERING: offering.key,
+        keys.PRICE_PER_HOUR: str(placement.price_per_hour_micro),
+        keys.SESSION: session_id,
+    }
+    if course:
+        labels[keys.COURSE] = label(course)
+        annotations[keys.COURSE] = course
+    settings: dict[str, Any] = {"extra_labels": labels, "extra_annotations": annotations}
+    resource = gpu_resource(placement)
+    if resource is None:
+        return settings
+    if not product:
+        raise ValueError(f"{offering.key}: the node's {PRODUCT_LABEL} label is needed")
+    card = catalog.card(offering.card)
+    labels[keys.CARD] = card.sku
+    share = 1.0
+    if offering.kind == "slice":
+        labels[keys.SLICE] = offering.profile
+        share = card.profile(offering.profile).compute_slices / 7
+    elif offering.kind == "shared":
+        labels[keys.SLICE] = "shared"
+        share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory
+    units = placement.count * share
+    settings.update(
+        extra_resource_limits={resource: str(placement.count)},
+        extra_resource_guarantees={resource: str(placement.count)},
+        node_selector={PRODUCT_LABEL: product, **({HOSTNAME_LABEL: hostname} if hostname else {})},
+        tolerations=list(GPU_TOLERATIONS),
+        cpu_guarantee=round(card.cpu_per_gpu * units, 2),
+        mem_guarantee=f"{max(1, round(card.memory_gb_per_gpu * units))}G",
+    )
+    return settings
+
+
+def _notebook_container(pod: V1Pod) -> Any:
+    for container in pod.spec.containers:
+        if container.name == keys.SERVER_CONTAINER:
+            return container
+    return pod.spec.containers[0]
+
+
+def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
+    """``settings`` (what :func:`gpu_pod_settings` and ``disk_pod_settings`` make, keyed as
+    the KubeSpawner options they add to, plus ``priority_class_name``) added to the pod
+    KubeSpawner built from its configuration: mappings merged over what is configured (ours
+    win), lists appended, scalars set. Changes and returns ``pod``.
+
+    This is what KubeSpawner's public ``get_pod_manifest`` hands on, so its own traits are
+    never changed per spawn and a ``modify_pod_hook`` still sees the whole pod."""
+    meta, spec = pod.metadata, pod.spec
+    container = _notebook_container(pod)
+    meta.labels = {**(meta.labels or {}), **settings.get("extra_labels", {})}
+    meta.annotations = {**(meta.annotations or {}), **settings.get("extra_annotations", {})}
+    resources = container.resources or V1ResourceRequirements()
+    requests = {**(resources.requests or {}), **settings.get("extra_resource_guarantees", {})}
+    for key, trait in (("cpu", "cpu_guarantee"), ("memory", "mem_guarantee")):
+        if settings.get(trait) is not None:
+            requests[key] = settings[trait]
+    resources.requests = requests
+    resources.limits = {**(resources.limits or {}), **settings.get("extra_resource_limits", {})}
+    container.resources = resources
+    if settings.get("node_selector"):
+        spec.node_selector = {**(spec.node_selector or {}), **settings["node_selector"]}
+    if settings.get("tolerations"):
+        added = [get_k8s_model(V1Toleration, t) for t in settings["tolerations"]]
+        spec.tolerations = [*(spec.tolerations or []), *added]
+    if settings.get("volumes"):
+        added = [get_k8s_model(V1Volume, v) for v in settings["volumes"]]
+        spec.volumes = [*(spec.volumes or []), *added]
+    if settings.get("volume_mounts"):
+        added = [get_k8s_model(V1VolumeMount, m) for m in settings["volume_mounts"]]
+        container.volume_mounts = [*(container.volume_mounts or []), *added]
+    if settings.get("lifecycle_hooks"):
+        hooks = get_k8s_model(V1Lifecycle, settings["lifecycle_hooks"])
+        if not container.lifecycle:  # KubeSpawner leaves {} when none is configured
+            container.lifecycle = hooks
+        else:  # keep the configured hooks we do not set (a preStop)
+            container.lifecycle.post_start = hooks.post_start or container.lifecycle.post_start
+            container.lifecycle.pre_stop = hooks.pre_stop or container.lifecycle.pre_stop
+    if settings.get("priority_class_name"):
+        spec.priority_class_name = settings["priority_class_name"]
+    return pod

@@ -1,0 +1,294 @@
+"""The Kubernetes backend: GPUKubeSpawner, KubeSpawner with live GPU availability.
+
+The form and the REST API take the same options as on one machine, and the lifecycle is the
+shared one (spawner.lifecycle.mixin). A placement becomes the pod through KubeSpawner's public
+``get_pod_manifest``: the pod KubeSpawner builds from its configuration, plus GPU or MIG
+limits, a node selector on the chosen node's GPU product and host name, the GPU toleration,
+CPU and memory from the catalog, the attached data disks, the priority class, and
+``gputap.io/`` labels naming user, server, card, slice, count and price class
+(spawner.kube.objects). One ClusterWatcher per hub keeps the inventory current from the API.
+Sold-out requests may wait first come first served; spot servers run with a low priority
+class and may be preempted, which the user is told on their next visit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from kubernetes_asyncio.client import ApiException
+from kubespawner import KubeSpawner
+from kubespawner.clients import shared_client
+from tornado import web
+from traitlets import Integer, Unicode
+
+from gputap_common import labels
+from gputap_common.kube_watch import parse_kube_time
+
+from ..core.placement import FreeView, Placement, ServerOptions
+from ..core.record import ServerRecord
+from ..lifecycle.mixin import GPUSpawnerMixin
+from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
+from .objects import apply_pod_settings, gpu_pod_settings
+from .watch import ClusterWatcher
+
+# one watcher per hub (per event loop)
+_watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
+_watcher_lock = asyncio.Lock()
+
+
+class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
+    """KubeSpawner that places each server on the cheapest free GPU, slice or spec match."""
+
+    offers_spot = True
+
+    on_demand_priority_class = Unicode(
+        "gputap-on-demand",
+        config=True,
+        help="""PriorityClass of on-demand servers (created if missing).
+
+        c.GPUKubeSpawner.on_demand_priority_class = "gputap-on-demand"
+        """,
+    )
+
+    on_demand_priority = Integer(
+        1000,
+        config=True,
+        help="""Priority value of on-demand servers: above spot, so they preempt spot servers.
+
+        c.GPUKubeSpawner.on_demand_priority = 1000
+        """,
+    )
+
+    spot_priority_class = Unicode(
+        "gputap-spot",
+        config=True,
+        help="""PriorityClass of interruptible (spot) servers (created if missing).
+
+        c.GPUKubeSpawner.spot_priority_class = "gputap-spot"
+        """,
+    )
+
+    spot_priority = Integer(
+        -100,
+        config=True,
+        help="""Priority value of spot servers: any on-demand server may preempt them.
+
+        c.GPUKubeSpawner.spot_priority = -100
+        """,
+    )
+
+    disk_storage_class = Unicode(
+        "",
+        config=True,
+        help="""StorageClass of data disks' PersistentVolumeClaims ("": the cluster's default).
+
+        c.GPUKubeSpawner.disk_storage_class = "fast-ssd"
+        """,
+    )
+
+    #: what this start's pod gets beyond KubeSpawner's configuration (get_pod_manifest)
+    _pod_settings: dict[str, Any] | None = None
+    #: whether this start has asked for its pod (progress turns to the pod's events)
+    _pod_requested = False
+
+    @property
+    def pod_key(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+    def reservation(self, record: ServerRecord) -> str:
+        """The name a start's GPUs are reserved under until the watch sees its pod bound."""
+        return f"{self.who}#{record.session_id}"
+
+    # -- data disks -----------------------------------------------------------------------
+
+    @property
+    def disk_store(self) -> KubeDiskStore:
+        return KubeDiskStore(
+            shared_client("CoreV1Api"),
+            self.namespace,
+            self.disk_storage_class,
+            self.disk_max_size_gb,
+            self.max_disks,
+        )
+
+    def disk_path(self, name: str) -> str:
+        return f"{MOUNT_ROOT}/{name}"
+
+    async def _disk_settings(self) -> dict[str, Any]:
+        """Volumes and mounts of the disks attached to this server, and the hook linking
+        them into ~/disks unless the operator configured a postStart hook of their own."""
+        disks, elsewhere = await self.disks_to_mount()
+        settings = disk_pod_settings(self.user.name, [d.name for d in disks], elsewhere)
+        if "postStart" in self.lifecycle_hooks:
+            del settings["lifecycle_hooks"]
+            if disks:
+                self.log.info("%s: disks not linked into ~/disks (postStart configured)", self.who)
+        return settings
+
+    # -- inventory ------------------------------------------------------------------------
+
+    async def cluster(self) -> ClusterWatcher:
+        """The hub's cluster watcher, started on first use (and its priority classes)."""
+        loop = asyncio.get_running_loop()
+        async with _watcher_lock:
+            watcher = _watchers.get(loop)
+            if watcher is None:
+                await self._ensure_priority_classes()
+                watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
+                watcher.on_change.append(lambda _view: self.wake_queue())
+                watcher.start()
+                _watchers[loop] = watcher
+        try:
+            async with asyncio.timeout(self.k8s_api_request_retry_timeout):
+                await watcher.ready()
+        except TimeoutError:
+            raise web.HTTPError(
+                503,
+                "The cluster's GPU inventory could not be read from the Kubernetes API; "
+                "try again in a minute, and tell an operator if it persists.",
+            ) from None
+        return watcher
+
+    def queue_view(self) -> FreeView:
+        watcher = _watchers.get(asyncio.get_running_loop())
+        return watcher.inventory.preemptible_view if watcher else FreeView()
+
+    async def gpu_free_view(self) -> tuple[FreeView, bool]:
+        """What an on-demand server could get now (spot servers make way for it)."""
+        watcher = await self.cluster()
+        return watcher.inventory.preemptible_view, False
+
+    async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
+        """A spot server takes only what is free. The pod's own GPUs count as taken: they
+        are free only once the pod is gone, and a change never promises what it may not
+        get (docs/kubernetes.md, "Changing a server's GPU")."""
+        watcher = await self.cluster()
+        inventory = watcher.inventory
+        return (inventory.view if spot else inventory.preemptible_view), False
+
+    async def _ensure_priority_classes(self) -> None:
+        api = shared_client("SchedulingV1Api")
+        for name, value, what in (
+            (self.on_demand_priority_class, self.on_demand_priority, "on-demand"),
+            (self.spot_priority_class, self.spot_priority, "interruptible (spot)"),
+        ):
+            body = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gputap"}},
+                "value": value,
+                "globalDefault": False,
+                "description": f"gputap {what} servers",
+            }
+            try:
+                await api.create_priority_class(body)
+                self.log.info("created PriorityClass %s (%d)", name, value)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+    # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
+
+    async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
+        """Spot servers take only what is free; on-demand ones may preempt spot servers.
+        Prices are asked for everything the cluster holds."""
+        inventory = (await self.cluster()).inventory
+        if options.spot:
+            return (lambda: inventory.view), inventory.view
+        return (lambda: inventory.preemptible_view), inventory.view
+
+    def take_devices(self, placement: Placement, record: ServerRecord) -> None:
+        """Reserve the placement's GPUs on its node until the watch sees the pod bound."""
+        record.node = placement.node
+        self._pod_requested = False
+        if placement.offering.kind != "cpu":
+            inventory = _watchers[asyncio.get_running_loop()].inventory
+            inventory.reserve(
+                self.reservation(record), placement.offering.key, placement.node, placement.count
+            )
+
+    def release_devices(self, record: ServerRecord, still_running: bool = False) -> None:
+        watcher = _watchers.get(asyncio.get_running_loop())
+        if watcher is not None:
+            watcher.inventory.release(self.reservation(record))
+
+    async def launch(self, placement: Placement) -> str:
+        """What the pod gets beyond KubeSpawner's configuration (get_pod_manifest applies
+        it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs."""
+        record = self.record
+        watcher = await self.cluster()
+        node = watcher.inventory.nodes.get(placement.node) if placement.node else None
+        settings = gpu_pod_settings(
+            placement,
+            self.catalog,
+            username=self.user.name,
+            session_id=record.session_id,
+            server_name=self.name,
+            product=node.product if node else None,
+            hostname=node.hostname if node else None,
+            price_class=record.price_class,
+            course=record.course,
+        )
+        settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        settings.update(await self._disk_settings())
+        spot = record.price_class == "spot"
+        settings["priority_class_name"] = (
+            self.spot_priority_class if spot else self.on_demand_priority_class
+        )
+        self._pod_settings = settings
+        self._pod_requested = True
+        return await KubeSpawner.start(self)
+
+    async def get_pod_manifest(self):
+        """KubeSpawner's pod for this server, with what placement and the disks add."""
+        pod = await super().get_pod_manifest()
+        return apply_pod_settings(pod, self._pod_settings or {})
+
+    async def launched_at(self) -> datetime:
+        """When the server container started running: billing starts there."""
+        pod = self.pod_reflector.pods.get(self.pod_key)
+        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if started:
+                return parse_kube_time(started)
+        return await super().launched_at()
+
+    async def stopped(self, record: ServerRecord, requested: datetime) -> datetime:
+        """The earlier of the stop request and the pod's end (its container's finish, or its
+        deletion), as the watch saw it; a preempted spot server leaves a notice."""
+        self._pod_requested = False
+        watcher = _watchers.get(asyncio.get_running_loop())
+        ended = watcher.ended.pop(self.pod_key, None) if watcher else None
+        reason = self._preemption(record)
+        if reason:
+            self.notice = reason
+            self.log.info("%s: %s", self.who, reason)
+        return min(requested, ended or requested)
+
+    async def progress(self):
+        """Queue position and the match first, then KubeSpawner's pod events."""
+        shown = None
+        while not self._pod_requested:
+            note = self.queue_note or self.progress_note
+            if note and note != shown:
+                shown = note
+                yield {"progress": 10 if self.queue_note else 20, "message": note}
+            await asyncio.sleep(0.3)
+        if self.progress_note and self.progress_note != shown:
+            yield {"progress": 20, "message": self.progress_note}
+        async for event in KubeSpawner.progress(self):
+            yield event
+
+    def _preemption(self, record: ServerRecord) -> str:
+        """Why the pod went away, if the scheduler preempted it."""
+        for event in reversed(self.events):
+            if event.get("reason") == "Preempted":
+                label = self.catalog.offering(record.offering).label
+                return (
+                    f"Your spot {label} server was stopped: {event.get('message', 'preempted')}. "
+                    "Spot servers make way for on-demand ones; your files are kept."
+                )
+        return ""
