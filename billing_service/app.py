@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 from . import clock
 from .charge import Charger

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 from .money import parse_credits
 from .pricing import PriceBook, make_price_book

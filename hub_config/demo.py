@@ -21,8 +21,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gputap_common.settings import load_settings
+
 from .hub import DEV_LOGIN_NOTICE, ROOT
-from .settings import load_settings
 
 DEMO_GITHUB_USERS = ROOT / "tests" / "github_sim" / "demo-users.yaml"
 STAND_IN_NOTICE = (

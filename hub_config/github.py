@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from .settings import SettingsError
+from gputap_common.settings import SettingsError
 
 GITHUB_KEYS = {
     "client_id",

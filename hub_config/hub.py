@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gputap_common.settings import Settings, SettingsError
+
 from .github import configure_github, github_settings
-from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"

@@ -3,8 +3,8 @@
 import pytest
 from traitlets.config import Config
 
+from gputap_common.settings import SettingsError, load_settings
 from hub_config.hub import DISKS_SCOPE, apply
-from hub_config.settings import SettingsError, load_settings
 from spawner import disk_api
 
 
