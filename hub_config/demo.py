@@ -89,7 +89,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
 def main() -> int:
     settings = load_settings()
     hub = settings.hub
-    base = "/" + hub.get("base_url", "/").strip("/")
+    base = "/" + hub["base_url"].strip("/")
     base = base.rstrip("/") + "/"
     host = "127.0.0.1" if hub["ip"] in ("", "0.0.0.0") else hub["ip"]
     url = f"http://{host}:{hub['port']}{base}"
@@ -98,10 +98,10 @@ def main() -> int:
     config = ROOT / "hub_config" / "jupyterhub_config.py"
     # the hub runs in the data directory: give it that directory as an absolute path
     env = {**os.environ, "GPUTAP__DATA_DIR": str(settings.data_dir)}
-    login = "GitHub" if hub.get("github", {}).get("client_id") else DEV_LOGIN_NOTICE
+    login = "GitHub" if hub["github"]["client_id"] else DEV_LOGIN_NOTICE
     stand_in: subprocess.Popen | None = None
     if os.environ.get("GPUTAP_DEMO_GITHUB") == "1":
-        if hub.get("github", {}).get("client_id"):
+        if hub["github"]["client_id"]:
             print("GPUTAP_DEMO_GITHUB ignored: hub.github.client_id is set", file=sys.stderr)
         else:
             stand_in, github_url = start_github_stand_in(
