@@ -44,7 +44,7 @@ from billing_service.migrate import open_database  # noqa: E402
 from billing_service.money import format_credits  # noqa: E402
 from billing_service.orm import Account, BillingSession, LedgerAccount  # noqa: E402
 from billing_service.pricing import make_price_book  # noqa: E402
-from hub_config.settings import load_settings  # noqa: E402
+from gputap_common.settings import load_settings  # noqa: E402
 
 POSTGRES_URL = os.environ.get(
     "GPUTAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings, validated
 
 from . import clock
 from .charge import Charger
@@ -171,11 +171,12 @@ async def make_meter(
 
     ``KubeConfigMissing`` when the Kubernetes API cannot be configured.
     """
-    if spawner.get("backend") != "kubernetes":
+    spawner = validated("spawner", spawner)
+    if spawner["backend"] != "kubernetes":
         return None
-    kube = spawner.get("kubernetes") or {}
-    configuration = await kube_configuration(config.kubeconfig, kube.get("api_host") or "")
-    namespace = kube.get("namespace") or "gputap"
+    kube = spawner["kubernetes"]
+    configuration = await kube_configuration(config.kubeconfig, kube["api_host"])
+    namespace = kube["namespace"]
     log.info("Billing meters the gputap pods in namespace %s at %s", namespace, configuration.host)
     return KubeMeter.from_config(
         store,

@@ -1,1 +1,1 @@
-"""gputap's JupyterHub configuration and its one settings source."""
+"""gputap's JupyterHub configuration, made from the settings (``gputap_common.settings``)."""

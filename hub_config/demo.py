@@ -19,8 +19,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gputap_common.settings import load_settings
+
 from .hub import DEV_LOGIN_NOTICE, ROOT
-from .settings import load_settings
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
@@ -38,7 +39,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
 def main() -> int:
     settings = load_settings()
     hub = settings.hub
-    base = "/" + hub.get("base_url", "/").strip("/")
+    base = "/" + hub["base_url"].strip("/")
     base = base.rstrip("/") + "/"
     host = "127.0.0.1" if hub["ip"] in ("", "0.0.0.0") else hub["ip"]
     url = f"http://{host}:{hub['port']}{base}"
@@ -47,12 +48,11 @@ def main() -> int:
     config = ROOT / "hub_config" / "jupyterhub_config.py"
     # the hub runs in the data directory: give it that directory as an absolute path
     env = {**os.environ, "GPUTAP__DATA_DIR": str(settings.data_dir)}
-    github = hub.get("github") or {}
+    github = hub["github"]
     login = DEV_LOGIN_NOTICE
-    if github.get("client_id"):
-        where = github.get("url") or "github.com"
-        service = github.get("login_service") or "GitHub"
-        login = f"{service} ({where}) {hub.get('login_notice') or ''}".strip()
+    if github["client_id"]:
+        where = github["url"] or "github.com"
+        login = f"{github['login_service']} ({where}) {hub['login_notice']}".strip()
     print(f"Starting gputap (logs: {log_path}) ...", flush=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(

@@ -16,19 +16,10 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from .settings import SettingsError
+from gputap_common.settings import SettingsError, validated
 
-GITHUB_KEYS = {
-    "client_id",
-    "client_secret",
-    "callback_url",
-    "url",
-    "login_service",
-    "allowed_organizations",
-    "admin_teams",
-}
 # an organization login, optionally with a team slug: acme, acme:gpu-users
-_GITHUB_ORG_TEAM = re.compile(r"^[a-z0-9][a-z0-9-]*(:[a-z0-9][a-z0-9._-]*)?$")
+_GITHUB_ORG_TEAM = re.compile(r"[a-z0-9][a-z0-9-]*(:[a-z0-9][a-z0-9._-]*)?")
 
 log = logging.getLogger("gputap.config")
 
@@ -82,45 +73,32 @@ def github_team_groups(auth_state: dict[str, Any]) -> list[str]:
 
 
 def github_settings(hub: dict[str, Any]) -> dict[str, Any] | None:
-    """The validated ``hub.github`` section, or None when GitHub login is off (no client_id)."""
-    github = hub.get("github") or {}
-    if not isinstance(github, dict):
-        raise SettingsError("hub.github must be a mapping")
-    for key in github:
-        if key == "github_url":
-            raise SettingsError("hub.github.github_url is now hub.github.url")
-        if key not in GITHUB_KEYS:
-            raise SettingsError(
-                f"hub.github.{key} is not a setting; known: {', '.join(sorted(GITHUB_KEYS))}"
-            )
-    if not github.get("client_id"):
+    """The ``hub.github`` section checked (keys and types by the settings schema; here what
+    the schema cannot say), or None when GitHub login is off (no client_id)."""
+    github = validated("hub.github", hub.get("github") or {})
+    if not github["client_id"]:
         return None
-    if not github.get("client_secret"):
+    if not github["client_secret"]:
         raise SettingsError(
             "hub.github.client_secret must be set with client_id (the OAuth app's secret)"
         )
-    url = str(github.get("url") or "").rstrip("/")
-    if url and not re.match(r"^https?://[^/]+", url):
-        raise SettingsError(f"hub.github.url must be an http(s) URL, not {url!r}")
-    allowed = [str(name).lower() for name in github.get("allowed_organizations") or []]
+    # GitHub names are case-insensitive: checked and kept in lower case
+    allowed = [name.lower() for name in github["allowed_organizations"]]
     for name in allowed:
-        if not _GITHUB_ORG_TEAM.match(name):
+        if not _GITHUB_ORG_TEAM.fullmatch(name):
             raise SettingsError(
                 f"hub.github.allowed_organizations: {name!r} is not an organization (acme) "
                 "or a team (acme:team-slug)"
             )
-    admin_teams = [str(name).lower() for name in github.get("admin_teams") or []]
+    admin_teams = [name.lower() for name in github["admin_teams"]]
     for name in admin_teams:
-        if ":" not in name or not _GITHUB_ORG_TEAM.match(name):
+        if ":" not in name or not _GITHUB_ORG_TEAM.fullmatch(name):
             raise SettingsError(
                 f"hub.github.admin_teams: {name!r} is not a team as org:team-slug (acme:admins)"
             )
     return {
-        "client_id": str(github["client_id"]),
-        "client_secret": str(github["client_secret"]),
-        "callback_url": str(github.get("callback_url") or ""),
-        "url": url,
-        "login_service": str(github.get("login_service") or "GitHub"),
+        **github,
+        "url": github["url"].rstrip("/"),
         "allowed_organizations": allowed,
         "admin_teams": admin_teams,
     }

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gputap_common import scopes
+from gputap_common.settings import Settings, SettingsError
 
 from .github import configure_github, github_settings
-from .settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -31,8 +31,6 @@ SERVER_TOKEN_SCOPES = [
     "servers!server",
     f"{scopes.DISKS}!user",
 ]
-#: the largest data disk billing can meter (its session count limit)
-MAX_DISK_GB = 1000
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -42,7 +40,7 @@ log = logging.getLogger("gputap.config")
 
 
 def proxy_command(hub: dict[str, Any]) -> list[str]:
-    if hub.get("proxy_command"):
+    if hub["proxy_command"]:
         return [str(hub["proxy_command"])]
     return [str(ROOT / "node_modules" / ".bin" / "configurable-http-proxy")]
 
@@ -53,7 +51,7 @@ def _url_path(base_url: str) -> str:
 
 def billing_url(settings: Settings) -> str:
     """Where the hub reaches the billing service directly (not through the proxy)."""
-    base = _url_path(settings.hub.get("base_url", "/"))
+    base = _url_path(settings.hub["base_url"])
     return f"http://127.0.0.1:{settings.billing['port']}{base}services/billing/"
 
 
@@ -82,45 +80,45 @@ def apply(c: Any, settings: Settings) -> None:
     hub = settings.hub
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    base_url = _url_path(hub.get("base_url", "/"))
+    base_url = _url_path(hub["base_url"])
 
     c.JupyterHub.ip = hub["ip"]
-    c.JupyterHub.port = int(hub["port"])
+    c.JupyterHub.port = hub["port"]
     c.JupyterHub.hub_ip = "127.0.0.1"
-    c.JupyterHub.hub_port = int(hub["hub_port"])
+    c.JupyterHub.hub_port = hub["hub_port"]
     c.JupyterHub.base_url = base_url
     c.JupyterHub.db_url = hub["db_url"]
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
-    c.JupyterHub.concurrent_spawn_limit = int(hub.get("concurrent_spawn_limit", 100))
+    c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
     # several servers per user (each its own card and billing session), one home for all
     c.JupyterHub.allow_named_servers = True
-    c.JupyterHub.named_server_limit_per_user = int(hub.get("named_server_limit_per_user", 5))
+    c.JupyterHub.named_server_limit_per_user = hub["named_server_limit_per_user"]
     # servers keep running (and billing keeps counting) across hub restarts
     c.JupyterHub.cleanup_servers = False
     c.ConfigurableHTTPProxy.command = proxy_command(hub)
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(hub['proxy_api_port'])}"
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{hub['proxy_api_port']}"
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 
     _authentication(c, hub)
 
     hub_token = secrets.token_hex(32)
     spawner = settings.spawner
-    c.Spawner.default_url = spawner.get("default_url", "/lab")
-    c.Spawner.start_timeout = int(spawner.get("start_timeout", 120))
-    c.Spawner.http_timeout = int(spawner.get("start_timeout", 120))
+    c.Spawner.default_url = spawner["default_url"]
+    c.Spawner.start_timeout = spawner["start_timeout"]
+    c.Spawner.http_timeout = spawner["start_timeout"]
     c.Spawner.poll_interval = 10
     # what both backends share (GPUSpawnerMixin is in both spawners' class hierarchy)
     c.GPUSpawnerMixin.billing_url = billing_url(settings)
     c.GPUSpawnerMixin.billing_token = hub_token
-    c.GPUSpawnerMixin.catalog_cards = settings.catalog.get("cards") or {}
-    c.GPUSpawnerMixin.queue_timeout = int(spawner.get("queue_timeout", 3600))
-    backend = spawner.get("backend", "local")
+    c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
+    c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
+    backend = spawner["backend"]
     if (
         backend == "local"
         and github_settings(hub) is not None
-        and not spawner.get("run_as_system_user")
-        and not spawner.get("allow_shared_unix_user")
+        and not spawner["run_as_system_user"]
+        and not spawner["allow_shared_unix_user"]
     ):
         raise SettingsError(
             "GitHub login with the local backend lets anyone with a GitHub account run code as "
@@ -130,16 +128,14 @@ def apply(c: Any, settings: Settings) -> None:
         )
     if backend == "local":
         _local_backend(c, spawner)
-    elif backend == "kubernetes":
-        _kubernetes_backend(c, spawner.get("kubernetes") or {})
     else:
-        raise SettingsError(f"spawner.backend must be local or kubernetes, not {backend!r}")
+        _kubernetes_backend(c, spawner["kubernetes"])
     _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
-    _disks(c, spawner.get("disks") or {})
+    _disks(c, spawner["disks"])
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -147,7 +143,7 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     venv_bin = str(Path(sys.executable).parent)
     c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
-    extra = {str(k): str(v) for k, v in (spawner.get("environment") or {}).items()}
+    extra = {k: str(v) for k, v in spawner["environment"].items()}
     # servers never reach out to the internet: no news feed, no update checks (an operator's
     # own config folders come first)
     config_path = [extra.pop("JUPYTER_CONFIG_PATH", ""), str(ROOT / "hub_config" / "singleuser")]
@@ -157,32 +153,32 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
         **extra,
         "JUPYTER_CONFIG_PATH": os.pathsep.join(p for p in config_path if p),
     }
-    c.GPULocalSpawner.inventory = spawner.get("inventory", "auto")
-    if spawner.get("inventory_file"):
+    c.GPULocalSpawner.inventory = spawner["inventory"]
+    if spawner["inventory_file"]:
         c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
     c.GPULocalSpawner.homes_root = spawner["homes_root"]
-    c.GPULocalSpawner.run_as_system_user = bool(spawner.get("run_as_system_user", False))
+    c.GPULocalSpawner.run_as_system_user = spawner["run_as_system_user"]
 
 
 def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
     c.JupyterHub.spawner_class = "gputap-kubernetes"
-    if kube.get("api_host"):
+    if kube["api_host"]:
         c.KubeSpawner.k8s_api_host = kube["api_host"]
-    if kube.get("hub_connect_url"):
+    if kube["hub_connect_url"]:
         c.JupyterHub.hub_connect_url = kube["hub_connect_url"]
-    c.KubeSpawner.namespace = kube.get("namespace", "gputap")
-    c.KubeSpawner.image = kube.get("image", "gputap/singleuser:latest")
-    if kube.get("cmd"):
+    c.KubeSpawner.namespace = kube["namespace"]
+    c.KubeSpawner.image = kube["image"]
+    if kube["cmd"]:
         c.KubeSpawner.cmd = list(kube["cmd"])
-    if kube.get("args"):
+    if kube["args"]:
         c.KubeSpawner.args = list(kube["args"])
-    if kube.get("environment"):
+    if kube["environment"]:
         c.KubeSpawner.environment = dict(kube["environment"])
     # one home per user, kept across servers, restarts and card changes
     c.KubeSpawner.storage_pvc_ensure = True
     c.KubeSpawner.pvc_name_template = "home-{username}"
-    c.KubeSpawner.storage_capacity = kube.get("home_size", "10Gi")
-    if kube.get("storage_class"):
+    c.KubeSpawner.storage_capacity = kube["home_size"]
+    if kube["storage_class"]:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
@@ -190,22 +186,10 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:
     """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub."""
-    limits = {"max_size_gb": 100, "max_disks": 5}
-    # billing meters a disk as a session of count = GB, and counts stop at MAX_DISK_GB
-    highest = {"max_size_gb": MAX_DISK_GB, "max_disks": 1000}
-    for key in limits:
-        value = disks.get(key, limits[key])
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= highest[key]:
-            raise SettingsError(
-                f"spawner.disks.{key} must be a whole number from 1 to {highest[key]}, "
-                f"not {value!r}"
-            )
-        limits[key] = value
-    c.GPUSpawnerMixin.disk_max_size_gb = limits["max_size_gb"]
-    c.GPUSpawnerMixin.max_disks = limits["max_disks"]
-    if disks.get("root"):
-        c.GPULocalSpawner.disk_root = str(disks["root"])
-    c.GPUKubeSpawner.disk_storage_class = str(disks.get("storage_class") or "")
+    c.GPUSpawnerMixin.disk_max_size_gb = disks["max_size_gb"]
+    c.GPUSpawnerMixin.max_disks = disks["max_disks"]
+    c.GPULocalSpawner.disk_root = disks["root"]
+    c.GPUKubeSpawner.disk_storage_class = disks["storage_class"]
 
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
@@ -219,15 +203,15 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     c.JupyterHub.template_vars = {
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
         "gputap_account_url": f"{base_url}hub/{account.ACCOUNT_PATH}",
-        "gputap_credit_refresh_seconds": float(hub.get("credit_banner_refresh_seconds", 30)),
+        "gputap_credit_refresh_seconds": float(hub["credit_banner_refresh_seconds"]),
     }
 
 
 def _authentication(c: Any, hub: dict[str, Any]) -> None:
     github = github_settings(hub)
-    c.Authenticator.admin_users = set(hub.get("admin_users") or [])
+    c.Authenticator.admin_users = set(hub["admin_users"])
     c.Authenticator.post_auth_hook = open_billing_account
-    notice = str(hub.get("login_notice") or "")
+    notice = hub["login_notice"]
     if github is None:
         c.JupyterHub.authenticator_class = "dummy"
         c.Authenticator.allow_all = True
@@ -249,26 +233,23 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
         "oauth_no_confirm": True,
         "oauth_client_allowed_scopes": [scopes.BILLING_ADMIN, scopes.BILLING_INSTRUCTOR],
     }
-    managed = billing.get("managed", True)
-    if not isinstance(managed, bool):
-        raise SettingsError(f"billing.managed must be true or false, not {managed!r}")
-    if managed:
+    if billing["managed"]:
         service["command"] = [sys.executable, "-m", "billing_service"]
         service["environment"] = environment
         return service
-    if not billing.get("api_token"):
+    if not billing["api_token"]:
         raise SettingsError(
             "billing.managed: false needs billing.api_token, the token the billing service "
             "runs with (its JUPYTERHUB_API_TOKEN); e.g. the output of `openssl rand -hex 32`"
         )
-    service["api_token"] = str(billing["api_token"])
+    service["api_token"] = billing["api_token"]
     return service
 
 
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
     hub = settings.hub
     passthrough = {k: v for k, v in os.environ.items() if k.startswith("GPUTAP_")}
-    if settings.spawner.get("backend") == "kubernetes" and os.environ.get("KUBECONFIG"):
+    if settings.spawner["backend"] == "kubernetes" and os.environ.get("KUBECONFIG"):
         # billing meters the pods with the hub's cluster credentials (docs/billing.md)
         passthrough["KUBECONFIG"] = os.environ["KUBECONFIG"]
     if settings.source:
@@ -299,24 +280,24 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
             "name": "gputap-billing-admin",
             "description": "Admins see every account and grant credit",
             "scopes": [scopes.BILLING_ADMIN, scopes.BILLING_ACCESS],
-            "users": sorted(hub.get("admin_users") or []),
+            "users": sorted(hub["admin_users"]),
             "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
         },
         {
             "name": "gputap-instructor",
             "description": "Instructors create and run their courses",
             "scopes": [scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS],
-            "users": sorted(settings.courses.get("instructors") or []),
-            "groups": sorted(settings.courses.get("instructor_teams") or []),
+            "users": sorted(settings.courses["instructors"]),
+            "groups": sorted(settings.courses["instructor_teams"]),
         },
     ]
-    for extra in hub.get("services") or []:
+    for extra in hub["services"]:
         name = extra["name"]
         services.append({"name": name, "api_token": extra["api_token"]})
         roles.append(
             {
                 "name": f"service-{name}",
-                "scopes": list(extra.get("scopes") or []),
+                "scopes": list(extra["scopes"]),
                 "services": [name],
             }
         )
@@ -330,19 +311,10 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
 
     A server's last activity includes its GPU being busy (the gputap-lab server extension
     marks it), so long training runs survive while idle GPUs are stopped (docs/lab.md)."""
-    enabled = idle.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise SettingsError(f"idle.enabled must be true or false, not {enabled!r}")
-    numbers = {}
-    for key in ("timeout_seconds", "cull_every_seconds", "activity_interval_seconds"):
-        value = idle.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SettingsError(f"idle.{key} must be a whole number of seconds >= 1, not {value!r}")
-        numbers[key] = value
-    interval = str(numbers["activity_interval_seconds"])
+    interval = str(idle["activity_interval_seconds"])
     target = c.KubeSpawner if backend == "kubernetes" else c.Spawner
     target.environment = {**target.get("environment", {}), "JUPYTERHUB_ACTIVITY_INTERVAL": interval}
-    if not enabled:
+    if not idle["enabled"]:
         return
     c.JupyterHub.services.append(
         {
@@ -351,8 +323,8 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
                 sys.executable,
                 "-m",
                 "jupyterhub_idle_culler",
-                f"--timeout={numbers['timeout_seconds']}",
-                f"--cull-every={numbers['cull_every_seconds']}",
+                f"--timeout={idle['timeout_seconds']}",
+                f"--cull-every={idle['cull_every_seconds']}",
             ],
         }
     )

@@ -12,7 +12,7 @@ from billing_service.migrate import open_database
 from billing_service.money import parse_credits
 from billing_service.pricing import make_price_book
 from billing_service.store import Store
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from billing_service.config import billing_config
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 
 def test_defaults_are_valid():

@@ -26,7 +26,7 @@ from billing_service.config import billing_config
 from billing_service.kube_meter import KubeConfigMissing, KubeMeter
 from billing_service.orm import BillingSession
 from billing_service.pod_facts import MeteredSession, killed_at, pod_facts, vanished_end
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import EVENT, NAMESPACE, POD
 

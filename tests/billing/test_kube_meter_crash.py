@@ -26,7 +26,7 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from billing_service.pricing import make_price_book
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import NAMESPACE, POD
 from tests.platform import free_port

@@ -25,7 +25,7 @@ from billing_service.migrate import (
 from billing_service.orm import Base, make_engine
 from billing_service.pricing import make_price_book
 from billing_service.store import Store
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 from .conftest import T0, make_store
 

@@ -7,7 +7,7 @@ from billing_service.pricing import (
     check_price_class,
     make_price_book,
 )
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 
 @pytest.fixture

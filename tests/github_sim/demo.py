@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hub_config.settings import load_settings
+from gputap_common.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_GITHUB_USERS = Path(__file__).with_name("demo-users.yaml")

@@ -4,8 +4,8 @@ import requests
 from oauthenticator.github import GitHubOAuthenticator
 from traitlets.config import Config
 
+from gputap_common.settings import load_settings
 from hub_config.hub import apply
-from hub_config.settings import load_settings
 from tests.github_sim.client import user_link
 from tests.github_sim.demo import STAND_IN_NOTICE, stand_in_environment, start_github_stand_in
 

@@ -4,8 +4,8 @@ import pytest
 from traitlets.config import Config
 
 from gputap_common.scopes import DISKS as DISKS_SCOPE
+from gputap_common.settings import SettingsError, load_settings
 from hub_config.hub import apply
-from hub_config.settings import SettingsError, load_settings
 from spawner.api import disks as disk_api
 
 

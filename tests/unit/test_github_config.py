@@ -8,9 +8,9 @@ import yaml
 from oauthenticator.github import GitHubOAuthenticator
 from traitlets.config import Config
 
+from gputap_common.settings import SettingsError, load_settings
 from hub_config.github import ensure_crypt_key, github_settings, github_team_groups
 from hub_config.hub import apply
-from hub_config.settings import SettingsError, load_settings
 
 
 def configure(tmp_path, github, **hub):
