@@ -177,14 +177,17 @@ class Platform:
     def stop_billing(self, hold_port: bool = True) -> None:
         """Kill the external billing service, as a crash would. Its port stays bound here
         (never listening) until it starts again: connections are refused, as after a crash,
-        and no process of another test can take the port meanwhile."""
+        and another test's free_port() cannot hand the port out meanwhile."""
         if self.billing_proc is not None:
             self.billing_proc.kill()
             self.billing_proc.wait()
             self.billing_proc = None
         if hold_port and self._billing_port_hold is None:
-            self._billing_port_hold = socket.socket()
-            self._billing_port_hold.bind(("127.0.0.1", self.billing_port))
+            hold = socket.socket()
+            # the dead service's connections linger in TIME_WAIT on the port
+            hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            hold.bind(("127.0.0.1", self.billing_port))
+            self._billing_port_hold = hold
 
     def billing_log_tail(self, lines: int = 40) -> str:
         try:
