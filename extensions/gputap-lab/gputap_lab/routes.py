@@ -3,13 +3,15 @@
 Every verb is ``@tornado.web.authenticated`` and none counts as user activity
 (``_track_activity = False``): an open panel polling these must not keep an idle server
 alive. Bad input answers 400 with what was wrong, before the hub is asked anything; the
-hub's own errors come back with its status and message.
+hub's own errors come back with its status and message. The routes that only relay to the
+hub are a table (``hub_route`` at the end): each verb an ``Ask`` that checks its input.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import tornado.web
@@ -113,70 +115,75 @@ class GPUHandler(GPUTapHandler):
         self.finish(json.dumps(self.sampler.to_json()))
 
 
-class ServerHandler(GPUTapHandler):
+# What a verb asks the hub: the HubClient method and its arguments. An ``Ask`` makes it from
+# the handler and the path's groups, checking the input first: bad input is a 400 the hub
+# never sees.
+Asked = tuple[str, tuple[Any, ...]]
+Ask = Callable[..., Asked]
+
+
+def hub_route(pattern: str, **verbs: Ask) -> tuple[str, type[GPUTapHandler]]:
+    """A route relaying each of ``verbs`` (``get=...``) to the hub.
+
+    Each route gets its own class holding only its verbs, so any other verb is Tornado's
+    405 as on a handler written by hand.
+    """
+    methods = {verb: _relay(ask) for verb, ask in verbs.items()}
+    return pattern, type("HubRouteHandler", (GPUTapHandler,), methods)
+
+
+def _relay(ask: Ask) -> Callable[..., Awaitable[None]]:
     @tornado.web.authenticated
-    async def get(self) -> None:
-        await self.call_hub("server")
+    async def verb(self: GPUTapHandler, *groups: str) -> None:
+        method, args = ask(self, *groups)
+        await self.call_hub(method, *args)
+
+    return verb
 
 
-class ChoicesHandler(GPUTapHandler):
-    @tornado.web.authenticated
-    async def get(self) -> None:
-        await self.call_hub("choices")
+def as_is(method: str) -> Ask:
+    """A verb without input: the hub's answer to ``method``."""
+    return lambda handler: (method, ())
 
 
-class ChangeHandler(GPUTapHandler):
-    @tornado.web.authenticated
-    async def get(self) -> None:
-        await self.call_hub("change_status")
+def ask_change(handler: GPUTapHandler) -> Asked:
+    """POST gputap/change: the checked body (options, queue), logged without any token."""
+    body = change_body(handler.json_body())
+    handler.log.info(
+        "gputap %s: change asked (queue=%s): %s",
+        handler.hub.who,
+        body["queue"],
+        json.dumps(body["options"], sort_keys=True),
+    )
+    return "change", (body,)
 
-    @tornado.web.authenticated
-    async def post(self) -> None:
-        body = change_body(self.json_body())
-        self.log.info(
-            "gputap %s: change asked (queue=%s): %s",
-            self.hub.who,
-            body["queue"],
-            json.dumps(body["options"], sort_keys=True),
+
+def ask_create_disk(handler: GPUTapHandler) -> Asked:
+    """POST gputap/disks: the checked name and size."""
+    return "create_disk", (disk_body(handler.json_body()),)
+
+
+def ask_delete_disk(handler: GPUTapHandler, name: str) -> Asked:
+    """DELETE gputap/disks/NAME."""
+    return "delete_disk", (check_disk_name(name),)
+
+
+def ask_move_disk(handler: GPUTapHandler, name: str, action: str) -> Asked:
+    """POST gputap/disks/NAME/attach or detach: no body, the disk moves to or from here."""
+    name = check_disk_name(name)
+    if handler.json_body(required=False) not in (None, {}):
+        raise tornado.web.HTTPError(
+            400, f"{action} takes no body: the disk goes to or from this server."
         )
-        await self.call_hub("change", body)
-
-
-class DisksHandler(GPUTapHandler):
-    @tornado.web.authenticated
-    async def get(self) -> None:
-        await self.call_hub("disks")
-
-    @tornado.web.authenticated
-    async def post(self) -> None:
-        body = disk_body(self.json_body())
-        await self.call_hub("create_disk", body)
-
-
-class DiskHandler(GPUTapHandler):
-    @tornado.web.authenticated
-    async def delete(self, name: str) -> None:
-        await self.call_hub("delete_disk", check_disk_name(name))
-
-
-class DiskActionHandler(GPUTapHandler):
-    @tornado.web.authenticated
-    async def post(self, name: str, action: str) -> None:
-        name = check_disk_name(name)
-        body = self.json_body(required=False)
-        if body not in (None, {}):
-            raise tornado.web.HTTPError(
-                400, f"{action} takes no body: the disk goes to or from this server."
-            )
-        await self.call_hub(f"{action}_disk", name)
+    return f"{action}_disk", (name,)
 
 
 default_handlers = [
     (r"gputap/gpu", GPUHandler),
-    (r"gputap/server", ServerHandler),
-    (r"gputap/choices", ChoicesHandler),
-    (r"gputap/change", ChangeHandler),
-    (r"gputap/disks", DisksHandler),
-    (r"gputap/disks/([^/]+)", DiskHandler),
-    (r"gputap/disks/([^/]+)/(attach|detach)", DiskActionHandler),
+    hub_route(r"gputap/server", get=as_is("server")),
+    hub_route(r"gputap/choices", get=as_is("choices")),
+    hub_route(r"gputap/change", get=as_is("change_status"), post=ask_change),
+    hub_route(r"gputap/disks", get=as_is("disks"), post=ask_create_disk),
+    hub_route(r"gputap/disks/([^/]+)", delete=ask_delete_disk),
+    hub_route(r"gputap/disks/([^/]+)/(attach|detach)", post=ask_move_disk),
 ]

@@ -7,9 +7,7 @@ import { formatCredits, formatHours } from './format';
 import { GPUTapModel, IChangeStatus, IChoice } from './model';
 import { RequestError, sendJSON } from './request';
 import { confirmRestart } from './restart';
-
-/** Runs a restart: `ask` gets the hub's status, then the panel follows it. */
-export type RestartRunner = (ask: () => Promise<IChangeStatus>) => Promise<void>;
+import { RestartRunner, RestartSection } from './section';
 
 /** The text of a choice in the list. */
 export function choiceText(choice: IChoice, currency: string, current: boolean): string {
@@ -25,8 +23,7 @@ export function choiceText(choice: IChoice, currency: string, current: boolean):
   return (current ? '(now) ' : '') + parts.join(' · ');
 }
 
-export class ChangeSection {
-  readonly node = h('section', { class: 'gputap-section', 'data-testid': 'gputap-change' });
+export class ChangeSection extends RestartSection {
   private _select = h('select', {
     class: 'jp-mod-styled gputap-select',
     'data-testid': 'gputap-change-select',
@@ -42,46 +39,40 @@ export class ChangeSection {
     },
     'Change GPU…'
   );
-  private _message = h('p', { class: 'gputap-message', 'data-testid': 'gputap-change-message' });
-  private _shown = '';
 
-  constructor(
-    private _model: GPUTapModel,
-    private _restart: RestartRunner
-  ) {
+  constructor(model: GPUTapModel, restart: RestartRunner) {
+    super(model, restart, 'gputap-change', 'gputap-change-message');
     const refresh = h(
       'button',
       { class: 'jp-mod-styled gputap-link', 'data-testid': 'gputap-change-refresh' },
       'refresh'
     );
-    refresh.addEventListener('click', () => void this._model.refreshChoices());
+    refresh.addEventListener('click', () => void this.model.refreshChoices());
     this._button.addEventListener('click', () => void this._change());
     fill(
       this.node,
       h('h3', {}, 'Change GPU ', refresh),
       this._select,
       this._button,
-      this._message
+      this.message
     );
   }
 
   update(): void {
-    const { choices, choicesError } = this._model;
-    this._button.disabled = !choices || this._model.restarting;
+    const { choices, choicesError } = this.model;
+    this._button.disabled = !choices || this.model.restarting;
     if (!choices) {
       if (choicesError) {
-        fill(this._message, choicesError);
+        this.say(choicesError);
       }
       return;
     }
     // rebuild the list only when it changed, keeping the user's pick
-    const shown = JSON.stringify(choices);
-    if (shown === this._shown) {
+    if (this.showing(choices)) {
       return;
     }
-    this._shown = shown;
     const picked = this._select.value;
-    const current = this._model.currentChoice();
+    const current = this.model.currentChoice();
     fill(
       this._select,
       ...choices.choices.map((choice, i) =>
@@ -98,7 +89,7 @@ export class ChangeSection {
   }
 
   private _picked(): IChoice | null {
-    const choices = this._model.choices?.choices ?? [];
+    const choices = this.model.choices?.choices ?? [];
     return choices[Number(this._select.value)] ?? null;
   }
 
@@ -107,23 +98,23 @@ export class ChangeSection {
     if (!choice) {
       return;
     }
-    if (choice === this._model.currentChoice()) {
-      fill(this._message, `This server already runs on ${choice.label || choice.key}.`);
+    if (choice === this.model.currentChoice()) {
+      this.say(`This server already runs on ${choice.label || choice.key}.`);
       return;
     }
     const label = choice.label || choice.key;
     const ok = await confirmRestart(
       'Change GPU',
       `Move this server to ${label} at ${formatCredits(choice.price_per_hour_micro)} ${
-        this._model.currency
+        this.model.currency
       }/h.`,
       'Save and change'
     );
     if (!ok) {
       return;
     }
-    fill(this._message);
-    await this._restart(async () => {
+    this.say();
+    await this.restart(async () => {
       try {
         return await sendJSON<IChangeStatus>('change', { options: choice.options, queue: false });
       } catch (error) {
@@ -156,7 +147,7 @@ export class ChangeSection {
               'ul',
               {},
               ...alternatives.map(a =>
-                h('li', {}, choiceText(a, this._model.currency, false))
+                h('li', {}, choiceText(a, this.model.currency, false))
               )
             )
           )

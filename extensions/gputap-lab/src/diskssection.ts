@@ -6,13 +6,12 @@ import { formatBytes, formatCredits, formatDate } from './format';
 import { GPUTapModel, IChangeStatus, IDisk } from './model';
 import { RequestError, requestAPI, sendJSON } from './request';
 import { confirmRestart } from './restart';
-import { RestartRunner } from './changesection';
+import { RestartRunner, RestartSection } from './section';
 
 /** The rule of disk names, as the hub checks it. */
 export const DISK_NAME = /^[a-z][a-z0-9-]{0,31}$/;
 
-export class DisksSection {
-  readonly node = h('section', { class: 'gputap-section', 'data-testid': 'gputap-disks' });
+export class DisksSection extends RestartSection {
   private _list = h('div', { class: 'gputap-disk-list', 'data-testid': 'gputap-disk-list' });
   private _name = h('input', {
     class: 'jp-mod-styled gputap-input',
@@ -42,13 +41,9 @@ export class DisksSection {
     },
     'Create disk'
   );
-  private _message = h('p', { class: 'gputap-message', 'data-testid': 'gputap-disk-message' });
-  private _shown = '';
 
-  constructor(
-    private _model: GPUTapModel,
-    private _restart: RestartRunner
-  ) {
+  constructor(model: GPUTapModel, restart: RestartRunner) {
+    super(model, restart, 'gputap-disks', 'gputap-disk-message');
     this._size.addEventListener('input', () => this._showPrice());
     this._create.addEventListener('click', () => void this._createDisk());
     fill(
@@ -63,18 +58,16 @@ export class DisksSection {
         this._create
       ),
       this._price,
-      this._message
+      this.message
     );
   }
 
   update(): void {
-    const { disks, disksError } = this._model;
-    const shown = JSON.stringify([disks, disksError, this._model.restarting, this._serverName()]);
-    if (shown === this._shown) {
+    const { disks, disksError } = this.model;
+    if (this.showing([disks, disksError, this.model.restarting, this._serverName()])) {
       return;
     }
-    this._shown = shown;
-    this._create.disabled = !disks || this._model.restarting;
+    this._create.disabled = !disks || this.model.restarting;
     if (!disks) {
       fill(this._list, h('p', { class: disksError ? 'gputap-error' : 'gputap-muted' }, disksError || '…'));
       return;
@@ -89,7 +82,7 @@ export class DisksSection {
   }
 
   private _serverName(): string | null {
-    return this._model.server ? this._model.server.server : null;
+    return this.model.server ? this.model.server.server : null;
   }
 
   private _row(disk: IDisk): HTMLElement {
@@ -105,7 +98,7 @@ export class DisksSection {
       }`;
     }
     const actions: HTMLElement[] = [];
-    const busy = this._model.restarting;
+    const busy = this.model.restarting;
     if (here) {
       actions.push(this._action('Detach', `gputap-disk-detach-${disk.name}`, busy, () => this._move(disk, 'detach')));
     } else if (!(disk.attached_to !== null && disk.attached_running)) {
@@ -147,13 +140,13 @@ export class DisksSection {
 
   /** The hourly price of the size typed, before anything is created. */
   private _showPrice(): void {
-    const disks = this._model.disks;
+    const disks = this.model.disks;
     if (!disks) {
       return;
     }
     const size = Number(this._size.value);
     const perGB = disks.price_per_gb_hour_micro;
-    const currency = disks.currency || this._model.currency;
+    const currency = disks.currency || this.model.currency;
     const limit = `up to ${disks.limits.max_size_gb} GB, ${disks.limits.max_disks} disks`;
     if (!Number.isInteger(size) || size < 1) {
       fill(this._price, `${formatCredits(perGB, 6)} ${currency} per GB-hour · ${limit}`);
@@ -169,26 +162,26 @@ export class DisksSection {
   private async _createDisk(): Promise<void> {
     const name = this._name.value.trim();
     const size = Number(this._size.value);
-    const max = this._model.disks?.limits.max_size_gb ?? Infinity;
+    const max = this.model.disks?.limits.max_size_gb ?? Infinity;
     if (!DISK_NAME.test(name)) {
-      fill(this._message, 'A disk name is 1 to 32 of a-z, 0-9 and -, starting with a letter.');
+      this.say('A disk name is 1 to 32 of a-z, 0-9 and -, starting with a letter.');
       return;
     }
     if (!Number.isInteger(size) || size < 1 || size > max) {
-      fill(this._message, `The size is a whole number of GB from 1 to ${max}.`);
+      this.say(`The size is a whole number of GB from 1 to ${max}.`);
       return;
     }
     this._create.disabled = true;
     try {
       await sendJSON<IDisk>('disks', { name, size_gb: size });
-      fill(this._message, `Disk ${name} created (${size} GB). Attach it to use it here.`);
+      this.say(`Disk ${name} created (${size} GB). Attach it to use it here.`);
       this._name.value = '';
     } catch (error) {
-      fill(this._message, (error as Error).message);
+      this.say((error as Error).message);
     } finally {
       this._create.disabled = false;
     }
-    await this._model.refreshDisks();
+    await this.model.refreshDisks();
   }
 
   private async _move(disk: IDisk, action: 'attach' | 'detach'): Promise<void> {
@@ -203,7 +196,7 @@ export class DisksSection {
       return;
     }
     // the hub answers with the disk and the status of the restart that mounts it
-    await this._restart(async () => {
+    await this.restart(async () => {
       const answer = await sendJSON<{ restart: IChangeStatus }>(
         `disks/${encodeURIComponent(disk.name)}/${action}`,
         {}
@@ -223,10 +216,10 @@ export class DisksSection {
     }
     try {
       await requestAPI<void>(`disks/${encodeURIComponent(disk.name)}`, { method: 'DELETE' });
-      fill(this._message, `Disk ${disk.name} deleted.`);
+      this.say(`Disk ${disk.name} deleted.`);
     } catch (error) {
-      fill(this._message, error instanceof RequestError ? error.message : String(error));
+      this.say(error instanceof RequestError ? error.message : String(error));
     }
-    await this._model.refreshDisks();
+    await this.model.refreshDisks();
   }
 }

@@ -186,56 +186,53 @@ export class GPUTapModel {
   };
 
   async refreshGPU(): Promise<void> {
-    if (this.restarting) {
-      return;
+    if (!this.restarting) {
+      await this._fetch<IGPUState>('gpu', gpu => (this.gpu = gpu), e => (this.gpuError = e));
     }
-    try {
-      this.gpu = await requestAPI<IGPUState>('gpu');
-      this.gpuError = null;
-    } catch (error) {
-      this.gpuError = (error as Error).message;
-    }
-    this._changed.emit();
   }
 
   async refreshServer(): Promise<void> {
-    if (this.restarting) {
-      return;
+    if (!this.restarting) {
+      await this._fetch<IServer>('server', s => this._sync(s), e => (this.serverError = e));
     }
-    try {
-      this.server = await requestAPI<IServer>('server');
-      this.serverError = null;
-      const session = this.server.session;
-      if (session) {
-        this._syncedSeconds =
-          session.billed_seconds ??
-          (Date.now() - Date.parse(session.started_at)) / 1000;
-        this._syncedAt = Date.now();
-      }
-    } catch (error) {
-      this.serverError = (error as Error).message;
-    }
-    this._changed.emit();
   }
 
   async refreshChoices(): Promise<void> {
+    await this._fetch<IChoices>('choices', c => (this.choices = c), e => (this.choicesError = e));
+  }
+
+  async refreshDisks(): Promise<void> {
+    await this._fetch<IDisks>('disks', disks => (this.disks = disks), e => (this.disksError = e));
+  }
+
+  /**
+   * Ask the server extension for `path` and `keep` its answer; `error` gets the message
+   * of a failure, or null once it answers (a failure keeps the last answer shown). The
+   * views hear of it either way.
+   */
+  private async _fetch<T>(
+    path: string,
+    keep: (answer: T) => void,
+    error: (message: string | null) => void
+  ): Promise<void> {
     try {
-      this.choices = await requestAPI<IChoices>('choices');
-      this.choicesError = null;
-    } catch (error) {
-      this.choicesError = (error as Error).message;
+      keep(await requestAPI<T>(path));
+      error(null);
+    } catch (failure) {
+      error((failure as Error).message);
     }
     this._changed.emit();
   }
 
-  async refreshDisks(): Promise<void> {
-    try {
-      this.disks = await requestAPI<IDisks>('disks');
-      this.disksError = null;
-    } catch (error) {
-      this.disksError = (error as Error).message;
+  /** Keep `server`, and the session's billed seconds as of now (the cost ticks from there). */
+  private _sync(server: IServer): void {
+    this.server = server;
+    const session = server.session;
+    if (session) {
+      this._syncedSeconds =
+        session.billed_seconds ?? (Date.now() - Date.parse(session.started_at)) / 1000;
+      this._syncedAt = Date.now();
     }
-    this._changed.emit();
   }
 
   /** Seconds since `server` was fetched (for what ticks between two fetches). */

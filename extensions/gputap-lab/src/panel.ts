@@ -1,6 +1,5 @@
 /** The side panel: GPU, Cost, Change GPU and Disks sections over one model. */
 import { Notification } from '@jupyterlab/apputils';
-import { Widget } from '@lumino/widgets';
 
 import { ChangeSection } from './changesection';
 import { CostSection } from './costsection';
@@ -11,8 +10,9 @@ import { gputapIcon } from './icon';
 import { GPUTapModel, IChangeStatus } from './model';
 import { RequestError } from './request';
 import { IRestartContext, followRestart, reloadAfter, saveEverything } from './restart';
+import { ModelView } from './view';
 
-export class GPUTapPanel extends Widget {
+export class GPUTapPanel extends ModelView {
   private _gpu: GPUSection;
   private _cost: CostSection;
   private _change: ChangeSection;
@@ -22,23 +22,19 @@ export class GPUTapPanel extends Widget {
     'data-testid': 'gputap-progress',
     'aria-live': 'polite'
   });
-  private _ticker: number;
 
   constructor(
-    private _model: GPUTapModel,
+    model: GPUTapModel,
     private _context: IRestartContext
   ) {
-    super();
-    this.id = 'gputap-panel';
-    this.addClass('gputap-panel');
-    this.node.dataset.testid = 'gputap-panel';
+    super(model, 'gputap-panel');
     this.title.icon = gputapIcon;
     this.title.caption = 'gputap: GPU, cost, disks';
     const restart = (ask: () => Promise<IChangeStatus>) => this._runRestart(ask);
-    this._gpu = new GPUSection(_model);
-    this._cost = new CostSection(_model);
-    this._change = new ChangeSection(_model, restart);
-    this._disks = new DisksSection(_model, restart);
+    this._gpu = new GPUSection(model);
+    this._cost = new CostSection(model);
+    this._change = new ChangeSection(model, restart);
+    this._disks = new DisksSection(model, restart);
     this._progress.hidden = true;
     fill(
       this.node,
@@ -48,22 +44,19 @@ export class GPUTapPanel extends Widget {
       this._change.node,
       this._disks.node
     );
-    _model.changed.connect(this._update, this);
-    this._ticker = window.setInterval(() => this._cost.update(), 1000);
-    this._update();
+    this.render();
   }
 
-  dispose(): void {
-    window.clearInterval(this._ticker);
-    this._model.changed.disconnect(this._update, this);
-    super.dispose();
-  }
-
-  private _update(): void {
+  protected render(): void {
     this._gpu.update();
     this._cost.update();
     this._change.update();
     this._disks.update();
+  }
+
+  /** Only the cost runs on by itself; the other sections wait for the model. */
+  protected tick(): void {
+    this._cost.update();
   }
 
   /**
@@ -71,8 +64,8 @@ export class GPUTapPanel extends Widget {
    * (sold out, refused) are shown and nothing else happens.
    */
   private async _runRestart(ask: () => Promise<IChangeStatus>): Promise<void> {
-    this._model.restarting = true;
-    this._update();
+    this.model.restarting = true;
+    this.render();
     this._showProgress('Saving open documents and the workspace…');
     let status: IChangeStatus | null;
     try {
@@ -84,9 +77,9 @@ export class GPUTapPanel extends Widget {
         // so follow it; "reload now" stays at hand if nothing happens
         status = null;
       } else {
-        this._model.restarting = false;
+        this.model.restarting = false;
         this._showProgress((error as Error).message, true);
-        this._update();
+        this.render();
         return;
       }
     }

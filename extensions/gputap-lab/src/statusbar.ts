@@ -1,8 +1,7 @@
 /** The status-bar item: "A100-80GB 1g.10gb · 37% · 0.42 credits"; a click opens the panel. */
-import { Widget } from '@lumino/widgets';
-
 import { formatBytes, formatCredits } from './format';
 import { GPUTapModel } from './model';
+import { ModelView } from './view';
 
 /** The item's text for the model as it is now. */
 export function statusText(model: GPUTapModel): string {
@@ -32,32 +31,16 @@ export function statusText(model: GPUTapModel): string {
   return parts.join(' · ');
 }
 
-export class GPUTapStatus extends Widget {
-  private _ticker: number;
-
-  constructor(
-    private _model: GPUTapModel,
-    onClick: () => void
-  ) {
-    super();
-    this.id = 'gputap-status';
-    this.addClass('gputap-status');
+export class GPUTapStatus extends ModelView {
+  constructor(model: GPUTapModel, onClick: () => void) {
+    super(model, 'gputap-status');
     this.addClass('jp-StatusBar-TextItem');
-    this.node.dataset.testid = 'gputap-status';
     this.node.title = 'gputap: GPU use and cost of this server (click for more)';
     this.node.addEventListener('click', onClick);
-    _model.changed.connect(this._update, this);
-    this._ticker = window.setInterval(() => this._update(), 1000);
-    this._update();
+    this.render();
   }
 
-  dispose(): void {
-    window.clearInterval(this._ticker);
-    this._model.changed.disconnect(this._update, this);
-    super.dispose();
-  }
-
-  private _update(): void {
-    this.node.textContent = statusText(this._model);
+  protected render(): void {
+    this.node.textContent = statusText(this.model);
   }
 }
