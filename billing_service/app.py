@@ -15,9 +15,9 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
+from gputap_common import clock
 from hub_config.settings import load_settings
 
-from . import clock
 from .charge import Charger
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer

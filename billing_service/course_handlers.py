@@ -22,15 +22,15 @@ from zoneinfo import ZoneInfo
 
 from tornado import web
 
+from gputap_common.money import format_credits
+from gputap_common.scopes import BILLING_INSTRUCTOR
+
 from .course_store import CourseRecord, JoinRateLimited, StudentCourse
 from .courses import WEEKDAYS, course_rules, slug_of
 from .fields import MAX_LENGTH, check_text, optional_text, text_field
 from .handlers import APIHandler, BaseHandler
-from .money import format_credits
 from .usage import csv_text
 from .views import transaction_view
-
-INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
 
 
 def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
@@ -81,7 +81,7 @@ class CourseHandler(APIHandler):
         return self.current_user.get("kind", "user") == "user"
 
     async def may_teach(self) -> bool:
-        if self.is_admin or INSTRUCTOR_SCOPE in self.scopes:
+        if self.is_admin or BILLING_INSTRUCTOR in self.scopes:
             return True
         return self.caller_is_user and await self.blocking(self.store.is_instructor, self.caller)
 

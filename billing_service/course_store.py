@@ -21,10 +21,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gputap_common.money import format_credits
+
 from . import ledger
 from .courses import WEEKDAYS, CourseRules, week_of
 from .errors import NotFound
-from .money import billed_seconds, cost_micro, format_credits
+from .money import billed_seconds, cost_micro
 from .orm import (
     Account,
     BillingSession,

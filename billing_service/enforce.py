@@ -21,7 +21,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from . import clock, metrics
+from gputap_common import clock
+
+from . import metrics
 from .money import cost_micro
 from .store import AccountState, SessionRecord
 

@@ -16,7 +16,11 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated,
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tornado import web
 
-from . import clock, ledger, metrics
+from gputap_common import clock
+from gputap_common.money import format_credits
+from gputap_common.scopes import BILLING_ACCESS, BILLING_ADMIN, BILLING_HUB, BILLING_METRICS
+
+from . import ledger, metrics
 from .config import BillingConfig
 from .fields import (
     MAX_LENGTH,
@@ -29,7 +33,7 @@ from .fields import (
     time_argument,
     time_field,
 )
-from .money import format_credits, parse_credits
+from .money import parse_credits
 from .pricing import PRICE_CLASSES, make_price_book
 from .store import NotFound, Store
 from .usage import daily_gpu_hours, usage_csv
@@ -42,10 +46,6 @@ from .views import (
 )
 
 log = logging.getLogger("billing")
-
-HUB_SCOPE = "custom:gputap-billing:hub"
-ADMIN_SCOPE = "custom:gputap-billing:admin"
-METRICS_SCOPE = "custom:gputap-billing:metrics"
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             raise web.HTTPError(
                 403,
                 f"{model.get('kind', 'user')} {model['name']} may not use billing: "
-                "it needs the scope access:services!service=billing",
+                f"it needs the scope {BILLING_ACCESS}",
             ) from None
         # a username or id in the path is looked up or stored: refuse what no column holds
         for value in self.path_args:
@@ -92,19 +92,19 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
 
     @property
     def is_hub(self) -> bool:
-        return HUB_SCOPE in self.scopes
+        return BILLING_HUB in self.scopes
 
     @property
     def is_admin(self) -> bool:
-        return ADMIN_SCOPE in self.scopes
+        return BILLING_ADMIN in self.scopes
 
     def require_hub(self) -> None:
         if not self.is_hub:
-            raise web.HTTPError(403, f"Only the hub may do this; it needs the scope {HUB_SCOPE}")
+            raise web.HTTPError(403, f"Only the hub may do this; it needs the scope {BILLING_HUB}")
 
     def require_admin(self) -> None:
         if not self.is_admin:
-            raise web.HTTPError(403, f"Only billing admins may do this (scope {ADMIN_SCOPE})")
+            raise web.HTTPError(403, f"Only billing admins may do this (scope {BILLING_ADMIN})")
 
     def require_reader_of(self, username: str) -> None:
         """The hub, billing admins, and the user themselves may read a user's billing."""
@@ -564,15 +564,15 @@ class UsageHandler(APIHandler):
 
 
 class MetricsHandler(BaseHandler):
-    """Prometheus text format; for the hub, billing admins and holders of METRICS_SCOPE."""
+    """Prometheus text format; for the hub, billing admins and holders of BILLING_METRICS."""
 
     def get_login_url(self) -> str:
         raise web.HTTPError(403, "Not authenticated: send 'Authorization: token <token>'")
 
     @web.authenticated
     def get(self) -> None:
-        if not (self.is_hub or self.is_admin or METRICS_SCOPE in self.scopes):
-            raise web.HTTPError(403, f"Reading metrics needs the scope {METRICS_SCOPE}")
+        if not (self.is_hub or self.is_admin or BILLING_METRICS in self.scopes):
+            raise web.HTTPError(403, f"Reading metrics needs the scope {BILLING_METRICS}")
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest(metrics.REGISTRY))
 

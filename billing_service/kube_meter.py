@@ -24,14 +24,14 @@ The rules, also in docs/billing.md ("Metering on Kubernetes"):
   it never saw a pod for is left to the spawner and the hub reconciler.
 
 :mod:`.pod_facts` holds the pure decisions (:func:`~.pod_facts.pod_facts`,
-:func:`~.pod_facts.vanished_end`); :class:`KubeMeter` lists and watches pods with
-kubernetes_asyncio and applies them through the store.
+:func:`~.pod_facts.vanished_end`); :class:`KubeMeter` lists and watches pods through
+:mod:`gputap_common.kube_watch` (on kubernetes_asyncio) and applies them through the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -41,16 +41,16 @@ from functools import partial
 from typing import Any, TypeVar
 
 from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from . import clock
+from gputap_common import clock, labels
+from gputap_common.kube_watch import list_objects, watch_objects
+
 from .orm import BillingSession, SessionPod
 from .pod_facts import (
-    USER_KEY,
     MeteredSession,
     PodFacts,
     killed_at,
@@ -65,7 +65,7 @@ log = logging.getLogger("billing.meter")
 T = TypeVar("T")
 
 #: the pods the meter lists and watches
-LABEL_SELECTOR = USER_KEY
+LABEL_SELECTOR = labels.USER
 #: how long one watch request lasts before the meter relists and reconciles
 WATCH_SECONDS = 300
 #: the longest wait before relisting after a failure
@@ -318,14 +318,12 @@ class KubeMeter:
 
     # -- list, reconcile, watch ------------------------------------------------------------
 
-    async def _get(self, method: str, **kwargs: Any) -> dict[str, Any]:
-        response = await getattr(self.api, method)(self.namespace, _preload_content=False, **kwargs)
-        return json.loads(await response.read())
-
     async def resync(self) -> str:
         """List the pods, apply each, close the sessions whose pods are gone; returns the
         list's resourceVersion to watch from."""
-        listing = await self._get("list_namespaced_pod", label_selector=LABEL_SELECTOR)
+        listing = await list_objects(
+            self.api.list_namespaced_pod, self.namespace, label_selector=LABEL_SELECTOR
+        )
         seen_at = clock.utcnow()
         items = listing.get("items") or []
         self.pods = {}
@@ -359,9 +357,10 @@ class KubeMeter:
         gone = [s for s in sessions if s.pod_uid not in present_uids]
         if not gone:
             return 0
-        events = (await self._get("list_namespaced_event", field_selector="reason=Killing"))[
-            "items"
-        ]
+        listing = await list_objects(
+            self.api.list_namespaced_event, self.namespace, field_selector="reason=Killing"
+        )
+        events = listing["items"]
         for session in gone:
             killed = killed_at(events, session)
             ended_at = vanished_end(session, killed)
@@ -395,20 +394,17 @@ class KubeMeter:
         """Apply pod events from ``resource_version`` until the stream ends.
 
         ``ApiException`` 410 when that version is too old (the caller relists)."""
-        # a bare partial: the Watch finds no return type on it and hands over the JSON as is
-        stream = watch.Watch().stream(
-            partial(self.api.list_namespaced_pod, _preload_content=False),
+        events = watch_objects(
+            self.api.list_namespaced_pod,
             self.namespace,
             label_selector=LABEL_SELECTOR,
             resource_version=resource_version,
             timeout_seconds=self.watch_seconds,
         )
-        async with stream as events:
-            async for event in events:
-                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                    await self.apply(
-                        event["raw_object"], event["type"] == "DELETED", clock.utcnow()
-                    )
+        # closed at once when applying an event fails, not whenever the generator is collected
+        async with contextlib.aclosing(events):
+            async for kind, pod in events:
+                await self.apply(pod, kind == "DELETED", clock.utcnow())
 
     async def mark_seen(self, at: datetime) -> None:
         """Record that the sessions of running pods were seen running ``at`` (those the

@@ -15,7 +15,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .money import MAX_PRICE_MICRO, format_credits, parse_credits
+from gputap_common.money import format_credits
+
+from .money import MAX_PRICE_MICRO, parse_credits
 
 MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
 SHARED = "shared"
@@ -25,7 +27,9 @@ MIG_SLICES_PER_CARD = 7
 DISK = "disk"
 #: the price class of storage sessions; servers are "on-demand" or "spot"
 STORAGE = "storage"
-PRICE_CLASSES = ("on-demand", "spot", STORAGE)
+#: the price classes of servers (pods, processes): interruptible or not
+SERVER_PRICE_CLASSES = ("on-demand", "spot")
+PRICE_CLASSES = (*SERVER_PRICE_CLASSES, STORAGE)
 #: a disk's price when ``billing.prices`` names none: 0.0002 credits per GB-hour
 #: (a 100 GB disk costs 0.02 an hour, 14.40 over 30 days)
 DEFAULT_DISK_PRICE_MICRO = 200

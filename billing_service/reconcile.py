@@ -27,7 +27,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from . import clock
+from gputap_common import clock
+
 from .store import AccountState, SessionRecord
 
 log = logging.getLogger("billing.reconcile")

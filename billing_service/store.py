@@ -35,17 +35,13 @@ from sqlalchemy import Engine, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gputap_common.money import format_credits
+
 from . import ledger
 from .charge_writes import write_charges, write_charges_postgresql
 from .course_store import CourseOps
 from .errors import NotFound, UnknownSku
-from .money import (
-    billed_seconds,
-    cost_micro,
-    format_credits,
-    format_duration,
-    seconds_covered,
-)
+from .money import billed_seconds, cost_micro, format_duration, seconds_covered
 from .orm import (
     Account,
     BillingSession,

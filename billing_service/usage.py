@@ -8,7 +8,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from .money import format_credits
+from gputap_common.money import format_credits
+
 from .store import SessionRecord
 
 CSV_COLUMNS = (

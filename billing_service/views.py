@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from .money import format_credits, seconds_covered
+from gputap_common.money import format_credits
+
+from .money import seconds_covered
 from .store import AccountState, HoldRecord, PriceBookRecord, SessionRecord, TransactionRecord
 
 

@@ -9,11 +9,11 @@ from billing_service.money import (
     MAX_PRICE_MICRO,
     billed_seconds,
     cost_micro,
-    format_credits,
     format_duration,
     parse_credits,
     seconds_covered,
 )
+from gputap_common.money import format_credits
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 
