@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import bindparam, insert, text, update
 from sqlalchemy.orm import Session
 
-from . import ledger
+from .domain import ledger
 from .orm import BillingSession, LedgerAccount, LedgerTransaction, Posting, UTCDateTime
 
 SESSIONS = BillingSession.__table__

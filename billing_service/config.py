@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from hub_config.settings import load_settings
 
-from .money import parse_credits
-from .pricing import PriceBook, make_price_book
+from .domain.money import parse_credits
+from .domain.pricing import PriceBook, make_price_book
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from tornado import web
 from gputap_common.money import format_credits
 from gputap_common.scopes import BILLING_INSTRUCTOR
 
-from .course_store import CourseRecord, JoinRateLimited, StudentCourse
-from .courses import WEEKDAYS, course_rules, slug_of
+from .domain.courses import WEEKDAYS, CourseRecord, StudentCourse, course_rules, slug_of
+from .domain.errors import JoinRateLimited
+from .domain.usage import csv_text
 from .fields import MAX_LENGTH, check_text, optional_text, text_field
 from .handlers import APIHandler, BaseHandler
-from .usage import csv_text
 from .views import transaction_view
 
 

@@ -12,10 +12,8 @@ balance, enforcement's overrun, is written off too), then the new week is grante
 from __future__ import annotations
 
 import json
-import secrets
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import datetime, time, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -23,10 +21,18 @@ from sqlalchemy.orm import Session
 
 from gputap_common.money import format_credits
 
-from . import ledger
-from .courses import WEEKDAYS, CourseRules, week_of
-from .errors import NotFound
-from .money import billed_seconds, cost_micro
+from .domain import ledger
+from .domain.courses import (
+    JOIN_ATTEMPTS,
+    JOIN_WINDOW,
+    CourseRecord,
+    CourseRules,
+    StudentCourse,
+    new_join_code,
+    overlap_seconds,
+)
+from .domain.errors import JoinRateLimited, NotFound
+from .domain.money import billed_seconds, cost_micro
 from .orm import (
     Account,
     BillingSession,
@@ -40,58 +46,6 @@ from .orm import (
     LedgerTransaction,
     Posting,
 )
-
-#: failed join attempts per user allowed within JOIN_WINDOW before joining is refused
-JOIN_ATTEMPTS = 5
-JOIN_WINDOW = timedelta(minutes=15)
-
-
-class JoinRateLimited(Exception):
-    """Too many wrong join codes; the message says when to try again."""
-
-
-@dataclass(frozen=True)
-class CourseRecord:
-    slug: str
-    name: str
-    weekly_seconds: int
-    allowed: tuple[str, ...]
-    max_concurrent_gpus: int
-    budget_cap_micro: int | None
-    github_team: str | None
-    join_code: str | None
-    reset_weekday: int
-    reset_time: str
-    timezone: str
-    created_by: str
-    created_at: datetime
-    archived_at: datetime | None
-    instructors: tuple[str, ...]
-
-    def week(self, at: datetime) -> tuple[datetime, datetime]:
-        return week_of(at, self.reset_weekday, time.fromisoformat(self.reset_time), self.timezone)
-
-    @property
-    def resets(self) -> str:
-        return f"{WEEKDAYS[self.reset_weekday].capitalize()} {self.reset_time} {self.timezone}"
-
-
-@dataclass(frozen=True)
-class StudentCourse:
-    """A student's view of one course this week."""
-
-    course: CourseRecord
-    fallback: bool
-    week_start: datetime
-    week_end: datetime
-    left_micro: int
-    prices: dict[str, int]
-
-    def hours_left(self, sku: str, count: int = 1) -> float:
-        price = self.prices.get(sku)
-        if not price or self.left_micro <= 0:
-            return 0.0
-        return self.left_micro / (price * count)
 
 
 def _course_record(row: Course, instructors: list[str]) -> CourseRecord:
@@ -112,12 +66,6 @@ def _course_record(row: Course, instructors: list[str]) -> CourseRecord:
         archived_at=row.archived_at,
         instructors=tuple(sorted(instructors)),
     )
-
-
-def overlap_seconds(start: datetime, end: datetime, lo: datetime, hi: datetime) -> int:
-    """Whole seconds of [start, end) inside [lo, hi)."""
-    a, b = max(start, lo), min(end, hi)
-    return billed_seconds(a, b) if b > a else 0
 
 
 class CourseOps:
@@ -191,7 +139,7 @@ class CourseOps:
                 max_concurrent_gpus=rules.max_concurrent_gpus,
                 budget_cap_micro=rules.budget_cap_micro,
                 github_team=rules.github_team,
-                join_code=_new_code() if join_code else None,
+                join_code=new_join_code() if join_code else None,
                 reset_weekday=rules.reset_weekday,
                 reset_time=rules.reset_time.strftime("%H:%M"),
                 timezone=rules.timezone,
@@ -559,9 +507,3 @@ class CourseOps:
             for name, values in sorted(usage.items())
         ]
         return course, start, end, rows
-
-
-def _new_code() -> str:
-    """A join code: 10 characters from an alphabet without look-alikes (about 50 bits)."""
-    alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
-    return "".join(secrets.choice(alphabet) for _ in range(10))

@@ -20,8 +20,13 @@ from gputap_common import clock
 from gputap_common.money import format_credits
 from gputap_common.scopes import BILLING_ACCESS, BILLING_ADMIN, BILLING_HUB, BILLING_METRICS
 
-from . import ledger, metrics
+from . import metrics
 from .config import BillingConfig
+from .domain import ledger
+from .domain.errors import NotFound
+from .domain.money import parse_credits
+from .domain.pricing import PRICE_CLASSES, make_price_book
+from .domain.usage import daily_gpu_hours, usage_csv
 from .fields import (
     MAX_LENGTH,
     MAX_PATH_LENGTH,
@@ -33,10 +38,7 @@ from .fields import (
     time_argument,
     time_field,
 )
-from .money import parse_credits
-from .pricing import PRICE_CLASSES, make_price_book
-from .store import NotFound, Store
-from .usage import daily_gpu_hours, usage_csv
+from .store import Store
 from .views import (
     account_view,
     hold_view,

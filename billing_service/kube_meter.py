@@ -49,15 +49,15 @@ from sqlalchemy.orm import Session
 from gputap_common import clock, labels
 from gputap_common.kube_watch import list_objects, watch_objects
 
-from .orm import BillingSession, SessionPod
-from .pod_facts import (
+from .domain.pod_facts import (
     MeteredSession,
     PodFacts,
     killed_at,
     pod_facts,
     vanished_end,
 )
-from .pricing import STORAGE
+from .domain.pricing import STORAGE
+from .orm import BillingSession, SessionPod
 from .store import Store
 
 log = logging.getLogger("billing.meter")

@@ -27,7 +27,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -37,11 +37,27 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gputap_common.money import format_credits
 
-from . import ledger
 from .charge_writes import write_charges, write_charges_postgresql
 from .course_store import CourseOps
-from .errors import NotFound, UnknownSku
-from .money import billed_seconds, cost_micro, format_duration, seconds_covered
+from .domain import ledger
+from .domain.errors import NotFound
+from .domain.money import billed_seconds, cost_micro, format_duration, seconds_covered
+from .domain.pricing import (
+    DISK,
+    STORAGE,
+    PriceBook,
+    check_price_class,
+    check_storage_session,
+    make_price_book,
+)
+from .domain.records import (
+    AccountState,
+    HoldRecord,
+    LedgerProblem,
+    PriceBookRecord,
+    SessionRecord,
+    TransactionRecord,
+)
 from .orm import (
     Account,
     BillingSession,
@@ -53,7 +69,6 @@ from .orm import (
     Posting,
     PriceBookVersion,
 )
-from .pricing import DISK, STORAGE, PriceBook, check_price_class, make_price_book
 
 T = TypeVar("T")
 
@@ -76,154 +91,6 @@ _CHARGE_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class SessionRecord:
-    id: str
-    username: str
-    server_name: str
-    sku: str
-    count: int
-    price_per_hour_micro: int
-    started_at: datetime
-    ended_at: datetime | None
-    billed_seconds: int | None
-    cost_micro: int | None
-    price_class: str = "on-demand"
-    charged_micro: int = 0
-    course: str = ""
-    price_book_version: int | None = None
-    last_seen_at: datetime | None = None
-    fallback: bool = False
-
-    @property
-    def rate_per_hour_micro(self) -> int:
-        return self.price_per_hour_micro * self.count
-
-    @property
-    def is_storage(self) -> bool:
-        """A data disk's session: never stopped, not a server on the hub, not GPU time."""
-        return self.price_class == STORAGE
-
-    def seconds_at(self, now: datetime) -> int:
-        """Billed seconds: final when ended, so far (until ``now``) when running."""
-        if self.billed_seconds is not None:
-            return self.billed_seconds
-        return billed_seconds(self.started_at, max(now, self.started_at))
-
-    def cost_at(self, now: datetime) -> int:
-        """Cost in micro-credits: final when ended, running cost until ``now`` otherwise."""
-        if self.cost_micro is not None:
-            return self.cost_micro
-        return cost_micro(self.price_per_hour_micro, self.count, self.seconds_at(now))
-
-    def uncharged_at(self, now: datetime) -> int:
-        """What this session has cost by ``now`` beyond its charges posted so far."""
-        return max(self.cost_at(now) - self.charged_micro, 0)
-
-
-@dataclass(frozen=True)
-class TransactionRecord:
-    """A ledger transaction as one user sees it: ``amount_micro`` is the net to their pools."""
-
-    id: int
-    username: str | None
-    kind: str
-    amount_micro: int
-    postings: tuple[tuple[str, int], ...]
-    session_id: str | None
-    idempotency_key: str
-    memo: str
-    created_by: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class HoldRecord:
-    id: str
-    username: str
-    sku: str
-    count: int
-    price_class: str
-    amount_micro: int
-    created_at: datetime
-    expires_at: datetime
-    released_at: datetime | None
-    release_reason: str
-    session_id: str | None
-
-
-@dataclass(frozen=True)
-class AccountState:
-    """An account's pools, open sessions and active holds: enough to price it at any ``now``."""
-
-    username: str
-    created_at: datetime
-    balance_micro: int
-    running: tuple[SessionRecord, ...]
-    pools: dict[str, int] = field(default_factory=dict)
-    held_micro: int = 0
-
-    @property
-    def rate_per_hour_micro(self) -> int:
-        """What the open sessions cost per hour together, data disks included."""
-        return sum(s.rate_per_hour_micro for s in self.running)
-
-    @property
-    def servers(self) -> tuple[SessionRecord, ...]:
-        """Open sessions of servers (on the hub, stopped when credit runs out)."""
-        return tuple(s for s in self.running if not s.is_storage)
-
-    @property
-    def disks(self) -> tuple[SessionRecord, ...]:
-        """Open storage sessions: data disks, never stopped by billing."""
-        return tuple(s for s in self.running if s.is_storage)
-
-    def running_cost_at(self, now: datetime) -> int:
-        """What the open sessions (servers and disks) have cost so far (charged or not)."""
-        return sum(s.cost_at(now) for s in self.running)
-
-    def available_at(self, now: datetime) -> int:
-        """Balance less what running servers cost beyond their posted charges."""
-        return self.balance_micro - sum(s.uncharged_at(now) for s in self.running)
-
-    def course_available_at(self, course: str, now: datetime) -> int:
-        """A course's allowance left for this student: its pool less what the student's
-        sessions of that course cost beyond their charges."""
-        code = next((c for c in self.pools if c.endswith(f":allowance:{course}")), None)
-        pool = self.pools.get(code, 0) if code else 0
-        return pool - sum(s.uncharged_at(now) for s in self.running if s.course == course)
-
-    def funding_groups(self, now: datetime) -> list[tuple[str, int, tuple[SessionRecord, ...]]]:
-        """(course or "", available, sessions) for each group of running sessions that share
-        their money: each course whose sessions its allowance alone pays, and the rest."""
-        groups: list[tuple[str, int, tuple[SessionRecord, ...]]] = []
-        alone = sorted({s.course for s in self.running if s.course and not s.fallback})
-        for course in alone:
-            sessions = tuple(s for s in self.running if s.course == course and not s.fallback)
-            groups.append((course, self.course_available_at(course, now), sessions))
-        rest = tuple(s for s in self.running if not s.course or s.fallback)
-        if rest:
-            # the user's own pools and the allowances of the courses of these sessions (a
-            # student who pays on); other allowances pay for none of them, disks included
-            usable = {
-                ledger.pool_code(self.username, "allowance", s.course) for s in rest if s.course
-            }
-            theirs = sum(v for c, v in self.pools.items() if ":allowance:" in c and c not in usable)
-            available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
-            groups.append(("", available, rest))
-        return groups
-
-    def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
-        """Credit a new server may claim: available less active holds, and less the rest of
-        the minimum period of servers younger than it (a started hold keeps holding; disks
-        have no minimum period)."""
-        reserved = self.held_micro
-        for s in self.servers:
-            minimum = cost_micro(s.price_per_hour_micro, s.count, min_billable_seconds)
-            reserved += max(minimum - s.cost_at(now), 0)
-        return self.available_at(now) - reserved
-
-
-@dataclass(frozen=True)
 class Admission:
     allowed: bool
     sku: str
@@ -234,24 +101,6 @@ class Admission:
     seconds_left: int | None
     message: str
     hold: HoldRecord | None = None
-
-
-@dataclass(frozen=True)
-class PriceBookRecord:
-    version: int
-    created_at: datetime
-    created_by: str
-    source: str
-    book: PriceBook
-
-
-@dataclass(frozen=True)
-class LedgerProblem:
-    what: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"{self.what}: {self.detail}"
 
 
 def _session_record(row: BillingSession) -> SessionRecord:
@@ -315,21 +164,6 @@ WRITE_ATTEMPTS = 4
 def _deadlock(error: OperationalError) -> bool:
     """PostgreSQL chose this transaction as a deadlock (or serialization) victim."""
     return getattr(error.orig, "sqlstate", None) in ("40P01", "40001")
-
-
-def check_storage_session(server_name: str, hold_id: str | None, course: str) -> None:
-    """``ValueError`` naming the field when a storage session's request does not fit one."""
-    if not server_name.startswith("disk:") or server_name == "disk:":
-        raise ValueError(
-            f"server_name: a data disk's storage session is named 'disk:NAME', not {server_name!r}"
-        )
-    if hold_id:
-        raise ValueError("hold_id: data disks take no admission, so no hold")
-    if course:
-        raise ValueError(
-            "course: a course's hours never pay for data disks; they are paid from the "
-            "user's own credit (trial, then paid)"
-        )
 
 
 def _not_found(username: str) -> NotFound:
@@ -791,13 +625,7 @@ class Store(CourseOps):
         """Micro-credits per hour of ``sku`` at ``at`` (now); ``UnknownSku`` says what to do,
         ``ValueError`` when the price class does not fit the SKU."""
         check_price_class(sku, price_class)
-        price = self.price_book_at(at)[1].price(sku, price_class)
-        if price is None:
-            raise UnknownSku(
-                f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
-                "listed by GET api/prices"
-            )
-        return price
+        return self.price_book_at(at)[1].require(sku, price_class)
 
     # -- admission and holds ---------------------------------------------------------------
 
@@ -942,11 +770,11 @@ class Store(CourseOps):
                 Hold.expires_at > now,
             )
         )
-        young = 0
-        for s in state.running:
-            if s.course == course:
-                minimum = cost_micro(s.price_per_hour_micro, s.count, self.min_billable_seconds)
-                young += max(minimum - s.cost_at(now), 0)
+        young = sum(
+            s.minimum_left_at(now, self.min_billable_seconds)
+            for s in state.running
+            if s.course == course
+        )
         return state.course_available_at(course, now) - int(held) - young
 
     def release_hold(self, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
@@ -1013,12 +841,7 @@ class Store(CourseOps):
                 self._hold_started(db, hold_id, existing.account_id, session_id, now)
                 return _session_record(existing), False
             version, book = self.price_book_at(started_at)
-            price = book.price(sku, price_class)
-            if price is None:
-                raise UnknownSku(
-                    f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
-                    "listed by GET api/prices"
-                )
+            price = book.require(sku, price_class)
             account, _ = self._open(db, username, now)
             fallback = False
             if course:

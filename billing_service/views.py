@@ -7,8 +7,14 @@ from typing import Any
 
 from gputap_common.money import format_credits
 
-from .money import seconds_covered
-from .store import AccountState, HoldRecord, PriceBookRecord, SessionRecord, TransactionRecord
+from .domain.money import seconds_covered
+from .domain.records import (
+    AccountState,
+    HoldRecord,
+    PriceBookRecord,
+    SessionRecord,
+    TransactionRecord,
+)
 
 
 def _iso(value: datetime | None) -> str | None:

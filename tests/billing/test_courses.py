@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing_service.course_store import JoinRateLimited
-from billing_service.courses import course_rules, week_of
-from billing_service.enforce import sessions_to_stop
+from billing_service.domain.courses import course_rules, week_of
+from billing_service.domain.enforcement import sessions_to_stop
+from billing_service.domain.errors import JoinRateLimited
 
 from .conftest import T0
 

@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing_service.money import (
+from billing_service.domain.money import (
     EARLIEST_TIME,
     LATEST_TIME,
     MAX_COUNT,

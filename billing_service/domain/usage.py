@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from gputap_common.money import format_credits
 
-from .store import SessionRecord
+from .records import SessionRecord
 
 CSV_COLUMNS = (
     "session_id",
