@@ -21,7 +21,7 @@ from hub_config.settings import load_settings
 from .charge import Charger
 from .config import BillingConfig, load_billing_config
 from .enforce import Enforcer
-from .handlers import make_handlers
+from .handlers.routes import make_handlers
 from .kube_meter import KubeMeter, kube_configuration
 from .migrate import open_database
 from .reconcile import Reconciler

@@ -129,6 +129,10 @@ class PriceBook:
         as stored and shown."""
         return {**self.cards, **self.slices, **self.storage}
 
+    def configured_credits(self) -> dict[str, str]:
+        """:meth:`configured` as exact credits ("8.00"), by SKU: as stored and shown."""
+        return {sku: format_credits(micro) for sku, micro in sorted(self.configured().items())}
+
     def skus(self, price_class: str = "on-demand") -> list[str]:
         """The SKUs the book prices in ``price_class``: servers (cards, cpu, explicit slices)
         for on-demand and spot, data disks for storage."""

@@ -10,8 +10,6 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gputap_common.money import format_credits
-
 from ..domain.pricing import PriceBook, make_price_book
 from ..domain.records import PriceBookRecord
 from ..orm import PriceBookVersion
@@ -19,10 +17,9 @@ from ..orm import PriceBookVersion
 
 def book_json(book: PriceBook) -> str:
     """A price book as stored: exact decimal strings, sorted, so equal books compare equal."""
-    prices = {sku: format_credits(micro) for sku, micro in sorted(book.configured().items())}
     return json.dumps(
         {
-            "prices": prices,
+            "prices": book.configured_credits(),
             "spot_discount_percent": book.spot_discount_percent,
             "shared_percent": book.shared_percent,
         },

@@ -131,7 +131,7 @@ def test_out_of_course_hours_stops_unless_the_student_pays_on(store):
     accounts = store.accounts_with_running_sessions(at)
     assert [s.id for s in sessions_to_stop(accounts, at, 5)] == ["s-stu"]
     state = next(a for a in accounts if a.username == "stu")
-    from billing_service.views import account_view
+    from billing_service.handlers.views import account_view
 
     [warning] = account_view(state, at, "credits", (900, 300))["warnings"]
     assert warning["course"] == "dl101" and warning["threshold_seconds"] == 300
