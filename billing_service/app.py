@@ -18,13 +18,13 @@ from tornado import web
 from gputap_common import clock
 from hub_config.settings import load_settings
 
-from .charge import Charger
 from .config import BillingConfig, load_billing_config
-from .enforce import Enforcer
 from .handlers.routes import make_handlers
-from .kube_meter import KubeMeter, kube_configuration
+from .loops.charge import Charger
+from .loops.enforce import Enforcer
+from .loops.kube_meter import KubeMeter, kube_configuration
+from .loops.reconcile import Reconciler
 from .migrate import open_database
-from .reconcile import Reconciler
 from .store import Store
 
 log = logging.getLogger("billing")

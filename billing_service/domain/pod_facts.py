@@ -1,7 +1,7 @@
 """Pure: what billing reads from a pod, and where a session whose pod vanished ends.
 
-The rules are those of docs/billing.md, "Metering on Kubernetes"; :mod:`.kube_meter` applies
-them to the pods it lists and watches.
+The rules are those of docs/billing.md, "Metering on Kubernetes";
+:mod:`billing_service.loops.kube_meter` applies them to the pods it lists and watches.
 """
 
 from __future__ import annotations

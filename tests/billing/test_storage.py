@@ -10,7 +10,7 @@ from billing_service.domain.pod_facts import PodFacts
 from billing_service.domain.reconciliation import sessions_to_close
 from billing_service.domain.usage import daily_gpu_hours
 from billing_service.handlers.views import account_view
-from billing_service.kube_meter import bind_pod, open_metered_sessions
+from billing_service.store.pods import bind_pod, open_metered_sessions
 
 from .conftest import T0
 

@@ -19,9 +19,10 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gputap_common import clock
 
-from . import metrics
-from .domain.enforcement import sessions_to_stop
-from .domain.records import AccountState, SessionRecord
+from .. import metrics
+from ..domain.enforcement import sessions_to_stop
+from ..domain.records import AccountState, SessionRecord
+from .repeat import repeat
 
 log = logging.getLogger("billing.enforce")
 
@@ -104,10 +105,10 @@ class Enforcer:
 
     async def run(self) -> None:
         """Check forever, every ``interval_seconds``; one failing pass does not end it."""
-        while True:
-            try:
-                await self.check()
-            except Exception:
-                metrics.ERRORS.labels("enforce").inc()
-                log.exception("Enforcement pass failed; trying again next interval")
-            await asyncio.sleep(self.interval_seconds)
+        await repeat(
+            self.check,
+            self.interval_seconds,
+            log=log,
+            failed="Enforcement pass failed; trying again next interval",
+            errors="enforce",
+        )

@@ -23,9 +23,10 @@ The rules, also in docs/billing.md ("Metering on Kubernetes"):
   The meter closes only sessions it has bound to a pod (table ``session_pods``), so a session
   it never saw a pod for is left to the spawner and the hub reconciler.
 
-:mod:`.pod_facts` holds the pure decisions (:func:`~.pod_facts.pod_facts`,
-:func:`~.pod_facts.vanished_end`); :class:`KubeMeter` lists and watches pods through
-:mod:`gputap_common.kube_watch` (on kubernetes_asyncio) and applies them through the store.
+:mod:`billing_service.domain.pod_facts` holds the pure decisions (``pod_facts``,
+``vanished_end``), :mod:`billing_service.store.pods` the meter's own rows; :class:`KubeMeter`
+lists and watches pods through :mod:`gputap_common.kube_watch` (on kubernetes_asyncio) and
+applies them through the store.
 """
 
 from __future__ import annotations
@@ -42,23 +43,19 @@ from typing import Any, TypeVar
 
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from gputap_common import clock, labels
 from gputap_common.kube_watch import list_objects, watch_objects
 
-from .domain.pod_facts import (
-    MeteredSession,
+from ..domain.pod_facts import (
     PodFacts,
     killed_at,
     pod_facts,
     vanished_end,
 )
-from .domain.pricing import STORAGE
-from .orm import BillingSession, SessionPod
-from .store import Store
+from ..store import Store
+from ..store.pods import bind_pod, open_metered_sessions
+from .repeat import repeat
 
 log = logging.getLogger("billing.meter")
 
@@ -72,55 +69,6 @@ WATCH_SECONDS = 300
 MAX_BACKOFF_SECONDS = 30.0
 #: how often sessions waiting out their start grace are looked at
 WAITING_CHECK_SECONDS = 1.0
-
-
-# -- the meter's own rows (run on the store's executor) ------------------------------------------
-
-
-def bind_pod(engine: Engine, facts: PodFacts, now: datetime) -> None:
-    """Record the pod of ``facts.session_id``; the first binding of a session stays."""
-    try:
-        with Session(engine) as db, db.begin():
-            if db.get(SessionPod, facts.session_id) is None:
-                db.add(
-                    SessionPod(
-                        session_id=facts.session_id,
-                        namespace=facts.namespace,
-                        pod_name=facts.pod_name,
-                        pod_uid=facts.pod_uid,
-                        created_at=now,
-                    )
-                )
-    except IntegrityError:
-        pass  # a concurrent writer bound it first
-
-
-def open_metered_sessions(engine: Engine, namespace: str) -> list[MeteredSession]:
-    """Open sessions bound to a pod in ``namespace`` (never a data disk's: no pod runs it)."""
-    query = (
-        select(SessionPod, BillingSession)
-        .join(BillingSession, BillingSession.id == SessionPod.session_id)
-        .where(
-            BillingSession.ended_at.is_(None),
-            SessionPod.namespace == namespace,
-            BillingSession.price_class != STORAGE,
-        )
-        .order_by(BillingSession.started_at, BillingSession.id)
-    )
-    with Session(engine) as db:
-        return [
-            MeteredSession(
-                session_id=pod.session_id,
-                namespace=pod.namespace,
-                pod_name=pod.pod_name,
-                pod_uid=pod.pod_uid,
-                username=session.username,
-                server_name=session.server_name,
-                started_at=session.started_at,
-                last_seen_at=session.last_seen_at,
-            )
-            for pod, session in db.execute(query).all()
-        ]
 
 
 # -- the loop ------------------------------------------------------------------------------------
@@ -412,15 +360,9 @@ class KubeMeter:
         ids = [f.session_id for f in self.pods.values() if f.running]
         await self._db(self.store.mark_seen, ids, at)
 
-    async def _mark_seen_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.seen_interval_seconds)
-            if not self.synced:
-                continue  # the view may be stale: a vanished pod must not look alive
-            try:
-                await self.mark_seen(clock.utcnow())
-            except Exception:
-                log.exception("Metering: recording running pods failed; trying again")
+    async def _mark_seen_if_synced(self) -> None:
+        if self.synced:  # else the view may be stale: a vanished pod must not look alive
+            await self.mark_seen(clock.utcnow())
 
     async def start_waiting(self) -> None:
         """Open the sessions of running pods whose start grace is over (the spawner did not
@@ -438,19 +380,27 @@ class KubeMeter:
                 self._waiting.setdefault(session_id, current)  # next time, or the next list
                 raise
 
-    async def _start_waiting_forever(self) -> None:
-        while True:
-            await asyncio.sleep(WAITING_CHECK_SECONDS)
-            try:
-                await self.start_waiting()
-            except Exception:
-                log.exception("Metering: opening sessions after their start grace failed")
-
     async def run(self) -> None:
         """List, reconcile and watch forever. Every watch ends in a relist: a second after a
         normal end or a 410, after a growing back-off (1 s to 30 s) after an error."""
-        seen = asyncio.ensure_future(self._mark_seen_forever())
-        waiting = asyncio.ensure_future(self._start_waiting_forever())
+        seen = asyncio.ensure_future(
+            repeat(
+                self._mark_seen_if_synced,
+                self.seen_interval_seconds,
+                log=log,
+                failed="Metering: recording running pods failed; trying again",
+                wait_first=True,
+            )
+        )
+        waiting = asyncio.ensure_future(
+            repeat(
+                self.start_waiting,
+                WAITING_CHECK_SECONDS,
+                log=log,
+                failed="Metering: opening sessions after their start grace failed",
+                wait_first=True,
+            )
+        )
         delay = 0.0
         try:
             while True:

@@ -8,7 +8,6 @@ is the pure decision (its module states the rule); :class:`Reconciler` runs it p
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,8 +18,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gputap_common import clock
 
-from .domain.reconciliation import sessions_to_close
-from .domain.records import AccountState, SessionRecord
+from ..domain.reconciliation import sessions_to_close
+from ..domain.records import AccountState, SessionRecord
+from .repeat import repeat
 
 log = logging.getLogger("billing.reconcile")
 
@@ -96,9 +96,10 @@ class Reconciler:
 
     async def run(self) -> None:
         """Check forever, every ``interval_seconds``; one failing pass does not end it."""
-        while True:
-            await asyncio.sleep(self.interval_seconds)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("Reconciliation pass failed; trying again next interval")
+        await repeat(
+            self.check,
+            self.interval_seconds,
+            log=log,
+            failed="Reconciliation pass failed; trying again next interval",
+            wait_first=True,
+        )
