@@ -28,8 +28,8 @@ from .pricing import SERVER_PRICE_CLASSES
 
 
 @dataclass(frozen=True)
-class PodFacts:
-    """What billing needs from one pod."""
+class PodSession:
+    """Which pod runs which server's session."""
 
     session_id: str
     namespace: str
@@ -37,6 +37,16 @@ class PodFacts:
     pod_uid: str
     username: str
     server_name: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+
+@dataclass(frozen=True)
+class PodFacts(PodSession):
+    """What billing needs from one pod."""
+
     sku: str
     count: int
     price_class: str
@@ -48,10 +58,6 @@ class PodFacts:
     ended_at: datetime | None
     #: it will not run again: the pod ended (Succeeded, Failed) or is being deleted
     finished: bool
-
-    @property
-    def target(self) -> str:
-        return f"{self.namespace}/{self.pod_name}"
 
     @property
     def running(self) -> bool:
@@ -141,15 +147,9 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
 
 
 @dataclass(frozen=True)
-class MeteredSession:
+class MeteredSession(PodSession):
     """An open session the meter bound to a pod."""
 
-    session_id: str
-    namespace: str
-    pod_name: str
-    pod_uid: str
-    username: str
-    server_name: str
     started_at: datetime
     last_seen_at: datetime | None
 

@@ -326,13 +326,12 @@ class KubeMeter:
                 else "never seen running: its start"
             )
             log.info(
-                "Metering: %s/%s ended at %s (%s), pod %s/%s is gone (session %s): %s s",
+                "Metering: %s/%s ended at %s (%s), pod %s is gone (session %s): %s s",
                 session.username,
                 session.server_name,
                 record.ended_at.isoformat(),
                 how,
-                session.namespace,
-                session.pod_name,
+                session.target,
                 session.session_id,
                 record.billed_seconds,
             )

@@ -484,11 +484,6 @@ class Store:
     # -- the ledger check ------------------------------------------------------------------
 
     def check_ledger(self) -> list[LedgerProblem]:
-        """Everything that would make the books wrong; an empty list means they balance.
-
-        Every transaction has postings summing to zero; every ledger account's balance is the
-        sum of its postings; all balances sum to zero; revenue, the sum of its shards, is what
-        charges took from users' pools; every session's ``charged_micro`` is what its charge
-        transactions took from its owner's pools, and an ended session was charged exactly its
-        cost."""
+        """Everything that would make the books wrong; an empty list means they balance
+        (what is checked: :func:`.check.check_ledger`)."""
         return self._read(check.check_ledger)
