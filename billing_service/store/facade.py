@@ -85,14 +85,17 @@ class Store:
 
     @property
     def trial_credit_micro(self) -> int:
+        """Credit a new account opens with."""
         return self._terms.trial_credit_micro
 
     @property
     def min_billable_seconds(self) -> int:
+        """The period a spawn must be able to pay for."""
         return self._terms.min_billable_seconds
 
     @property
     def hold_seconds(self) -> int:
+        """How long an admission's hold lasts unless its server starts."""
         return self._terms.hold_seconds
 
     # -- transactions ----------------------------------------------------------------------
