@@ -37,13 +37,13 @@ from tornado import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from billing_service import ledger  # noqa: E402
 from billing_service import store as store_module  # noqa: E402
-from billing_service.enforce import Enforcer  # noqa: E402
+from billing_service.domain import ledger  # noqa: E402
+from billing_service.domain.pricing import make_price_book  # noqa: E402
+from billing_service.loops.enforce import Enforcer  # noqa: E402
 from billing_service.migrate import open_database  # noqa: E402
-from billing_service.money import format_credits  # noqa: E402
 from billing_service.orm import Account, BillingSession, LedgerAccount  # noqa: E402
-from billing_service.pricing import make_price_book  # noqa: E402
+from gputap_common.money import format_credits  # noqa: E402
 from gputap_common.settings import load_settings  # noqa: E402
 
 POSTGRES_URL = os.environ.get(

@@ -15,16 +15,16 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
+from gputap_common import clock
 from gputap_common.settings import load_settings, validated
 
-from . import clock
-from .charge import Charger
 from .config import BillingConfig, load_billing_config
-from .enforce import Enforcer
-from .handlers import make_handlers
-from .kube_meter import KubeMeter, kube_configuration
+from .handlers.routes import make_handlers
+from .loops.charge import Charger
+from .loops.enforce import Enforcer
+from .loops.kube_meter import KubeMeter, kube_configuration
+from .loops.reconcile import Reconciler
 from .migrate import open_database
-from .reconcile import Reconciler
 from .store import Store
 
 log = logging.getLogger("billing")

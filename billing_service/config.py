@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from gputap_common.settings import load_settings, validated
 
-from .money import parse_credits
-from .pricing import PriceBook, make_price_book
+from .domain.money import parse_credits
+from .domain.pricing import PriceBook, make_price_book
 
 
 @dataclass(frozen=True)

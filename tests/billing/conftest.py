@@ -8,9 +8,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
+from billing_service.domain.money import parse_credits
+from billing_service.domain.pricing import make_price_book
 from billing_service.migrate import open_database
-from billing_service.money import parse_credits
-from billing_service.pricing import make_price_book
 from billing_service.store import Store
 from gputap_common.settings import load_settings
 

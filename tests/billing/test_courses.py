@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing_service.course_store import JoinRateLimited
-from billing_service.courses import course_rules, week_of
-from billing_service.enforce import sessions_to_stop
+from billing_service.domain.courses import course_rules, week_of
+from billing_service.domain.enforcement import sessions_to_stop
+from billing_service.domain.errors import JoinRateLimited
 
 from .conftest import T0
 
@@ -131,7 +131,7 @@ def test_out_of_course_hours_stops_unless_the_student_pays_on(store):
     accounts = store.accounts_with_running_sessions(at)
     assert [s.id for s in sessions_to_stop(accounts, at, 5)] == ["s-stu"]
     state = next(a for a in accounts if a.username == "stu")
-    from billing_service.views import account_view
+    from billing_service.handlers.views import account_view
 
     [warning] = account_view(state, at, "credits", (900, 300))["warnings"]
     assert warning["course"] == "dl101" and warning["threshold_seconds"] == 300

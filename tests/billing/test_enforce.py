@@ -1,7 +1,8 @@
 from datetime import timedelta
 
-from billing_service.enforce import Enforcer, server_url, sessions_to_stop
-from billing_service.store import AccountState, SessionRecord
+from billing_service.domain.enforcement import sessions_to_stop
+from billing_service.domain.records import AccountState, SessionRecord
+from billing_service.loops.enforce import Enforcer, server_url
 
 from .conftest import T0
 

@@ -23,9 +23,9 @@ from sqlalchemy import select
 
 from billing_service.app import make_meter
 from billing_service.config import billing_config
-from billing_service.kube_meter import KubeConfigMissing, KubeMeter
+from billing_service.domain.pod_facts import MeteredSession, killed_at, pod_facts, vanished_end
+from billing_service.loops.kube_meter import KubeConfigMissing, KubeMeter
 from billing_service.orm import BillingSession
-from billing_service.pod_facts import MeteredSession, killed_at, pod_facts, vanished_end
 from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import EVENT, NAMESPACE, POD

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, text
 
-from billing_service.pricing import make_price_book
+from billing_service.domain.pricing import make_price_book
 from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import NAMESPACE, POD

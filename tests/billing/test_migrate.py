@@ -14,6 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
+from billing_service.domain.pricing import make_price_book
 from billing_service.migrate import (
     BASELINE,
     SchemaMismatch,
@@ -23,7 +24,6 @@ from billing_service.migrate import (
     upgrade_database,
 )
 from billing_service.orm import Base, make_engine
-from billing_service.pricing import make_price_book
 from billing_service.store import Store
 from gputap_common.settings import load_settings
 

@@ -2,18 +2,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from billing_service.money import (
+from billing_service.domain.money import (
     EARLIEST_TIME,
     LATEST_TIME,
     MAX_COUNT,
     MAX_PRICE_MICRO,
     billed_seconds,
     cost_micro,
-    format_credits,
     format_duration,
     parse_credits,
     seconds_covered,
 )
+from gputap_common.money import format_credits
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -23,7 +23,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from billing_service.handlers import OPENAPI_YAML, make_handlers, openapi_json
+from billing_service.handlers.admin import OPENAPI_YAML, openapi_json
+from billing_service.handlers.routes import make_handlers
 
 from .hub import start_hub, stop_hub
 

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from billing_service.pricing import (
+from billing_service.domain.pricing import (
     DEFAULT_DISK_PRICE_MICRO,
     check_price_class,
     make_price_book,

@@ -1,8 +1,9 @@
 import json
 from datetime import timedelta
 
-from billing_service.reconcile import Reconciler, sessions_to_close
-from billing_service.store import AccountState, SessionRecord
+from billing_service.domain.reconciliation import sessions_to_close
+from billing_service.domain.records import AccountState, SessionRecord
+from billing_service.loops.reconcile import Reconciler
 
 from .conftest import T0
 

@@ -5,12 +5,12 @@ from datetime import timedelta
 
 import pytest
 
-from billing_service.enforce import sessions_to_stop
-from billing_service.kube_meter import bind_pod, open_metered_sessions
-from billing_service.pod_facts import PodFacts
-from billing_service.reconcile import sessions_to_close
-from billing_service.usage import daily_gpu_hours
-from billing_service.views import account_view
+from billing_service.domain.enforcement import sessions_to_stop
+from billing_service.domain.pod_facts import PodFacts
+from billing_service.domain.reconciliation import sessions_to_close
+from billing_service.domain.usage import daily_gpu_hours
+from billing_service.handlers.views import account_view
+from billing_service.store.pods import bind_pod, open_metered_sessions
 
 from .conftest import T0
 

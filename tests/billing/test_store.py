@@ -2,10 +2,10 @@ from datetime import timedelta
 
 import pytest
 
-from billing_service import ledger
-from billing_service.courses import course_rules
-from billing_service.pricing import make_price_book
-from billing_service.store import NotFound, UnknownSku
+from billing_service.domain import ledger
+from billing_service.domain.courses import course_rules
+from billing_service.domain.errors import NotFound, UnknownSku
+from billing_service.domain.pricing import make_price_book
 
 from .conftest import T0
 

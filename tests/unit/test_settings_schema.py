@@ -10,7 +10,7 @@ import yaml
 from traitlets.config import Config
 from traitlets.utils.importstring import import_item
 
-from billing_service.money import MAX_COUNT
+from billing_service.domain.money import MAX_COUNT
 from gputap_common.settings import defaults, load_settings, node_at, schema, validate
 from gputap_common.settings.__main__ import main
 from gputap_common.settings.render import (

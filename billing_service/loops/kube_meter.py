@@ -23,15 +23,16 @@ The rules, also in docs/billing.md ("Metering on Kubernetes"):
   The meter closes only sessions it has bound to a pod (table ``session_pods``), so a session
   it never saw a pod for is left to the spawner and the hub reconciler.
 
-:mod:`.pod_facts` holds the pure decisions (:func:`~.pod_facts.pod_facts`,
-:func:`~.pod_facts.vanished_end`); :class:`KubeMeter` lists and watches pods with
-kubernetes_asyncio and applies them through the store.
+:mod:`billing_service.domain.pod_facts` holds the pure decisions (``pod_facts``,
+``vanished_end``), :mod:`billing_service.store.pods` the meter's own rows; :class:`KubeMeter`
+lists and watches pods through :mod:`gputap_common.kube_watch` (on kubernetes_asyncio) and
+applies them through the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -41,86 +42,33 @@ from functools import partial
 from typing import Any, TypeVar
 
 from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio import watch
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from . import clock
-from .orm import BillingSession, SessionPod
-from .pod_facts import (
-    USER_KEY,
-    MeteredSession,
+from gputap_common import clock, labels
+from gputap_common.kube_watch import list_objects, watch_objects
+
+from ..domain.pod_facts import (
     PodFacts,
     killed_at,
     pod_facts,
     vanished_end,
 )
-from .pricing import STORAGE
-from .store import Store
+from ..store import Store
+from ..store.pods import bind_pod, open_metered_sessions
+from .repeat import repeat
 
 log = logging.getLogger("billing.meter")
 
 T = TypeVar("T")
 
 #: the pods the meter lists and watches
-LABEL_SELECTOR = USER_KEY
+LABEL_SELECTOR = labels.USER
 #: how long one watch request lasts before the meter relists and reconciles
 WATCH_SECONDS = 300
 #: the longest wait before relisting after a failure
 MAX_BACKOFF_SECONDS = 30.0
 #: how often sessions waiting out their start grace are looked at
 WAITING_CHECK_SECONDS = 1.0
-
-
-# -- the meter's own rows (run on the store's executor) ------------------------------------------
-
-
-def bind_pod(engine: Engine, facts: PodFacts, now: datetime) -> None:
-    """Record the pod of ``facts.session_id``; the first binding of a session stays."""
-    try:
-        with Session(engine) as db, db.begin():
-            if db.get(SessionPod, facts.session_id) is None:
-                db.add(
-                    SessionPod(
-                        session_id=facts.session_id,
-                        namespace=facts.namespace,
-                        pod_name=facts.pod_name,
-                        pod_uid=facts.pod_uid,
-                        created_at=now,
-                    )
-                )
-    except IntegrityError:
-        pass  # a concurrent writer bound it first
-
-
-def open_metered_sessions(engine: Engine, namespace: str) -> list[MeteredSession]:
-    """Open sessions bound to a pod in ``namespace`` (never a data disk's: no pod runs it)."""
-    query = (
-        select(SessionPod, BillingSession)
-        .join(BillingSession, BillingSession.id == SessionPod.session_id)
-        .where(
-            BillingSession.ended_at.is_(None),
-            SessionPod.namespace == namespace,
-            BillingSession.price_class != STORAGE,
-        )
-        .order_by(BillingSession.started_at, BillingSession.id)
-    )
-    with Session(engine) as db:
-        return [
-            MeteredSession(
-                session_id=pod.session_id,
-                namespace=pod.namespace,
-                pod_name=pod.pod_name,
-                pod_uid=pod.pod_uid,
-                username=session.username,
-                server_name=session.server_name,
-                started_at=session.started_at,
-                last_seen_at=session.last_seen_at,
-            )
-            for pod, session in db.execute(query).all()
-        ]
 
 
 # -- the loop ------------------------------------------------------------------------------------
@@ -318,14 +266,12 @@ class KubeMeter:
 
     # -- list, reconcile, watch ------------------------------------------------------------
 
-    async def _get(self, method: str, **kwargs: Any) -> dict[str, Any]:
-        response = await getattr(self.api, method)(self.namespace, _preload_content=False, **kwargs)
-        return json.loads(await response.read())
-
     async def resync(self) -> str:
         """List the pods, apply each, close the sessions whose pods are gone; returns the
         list's resourceVersion to watch from."""
-        listing = await self._get("list_namespaced_pod", label_selector=LABEL_SELECTOR)
+        listing = await list_objects(
+            self.api.list_namespaced_pod, self.namespace, label_selector=LABEL_SELECTOR
+        )
         seen_at = clock.utcnow()
         items = listing.get("items") or []
         self.pods = {}
@@ -359,9 +305,10 @@ class KubeMeter:
         gone = [s for s in sessions if s.pod_uid not in present_uids]
         if not gone:
             return 0
-        events = (await self._get("list_namespaced_event", field_selector="reason=Killing"))[
-            "items"
-        ]
+        listing = await list_objects(
+            self.api.list_namespaced_event, self.namespace, field_selector="reason=Killing"
+        )
+        events = listing["items"]
         for session in gone:
             killed = killed_at(events, session)
             ended_at = vanished_end(session, killed)
@@ -379,13 +326,12 @@ class KubeMeter:
                 else "never seen running: its start"
             )
             log.info(
-                "Metering: %s/%s ended at %s (%s), pod %s/%s is gone (session %s): %s s",
+                "Metering: %s/%s ended at %s (%s), pod %s is gone (session %s): %s s",
                 session.username,
                 session.server_name,
                 record.ended_at.isoformat(),
                 how,
-                session.namespace,
-                session.pod_name,
+                session.target,
                 session.session_id,
                 record.billed_seconds,
             )
@@ -395,20 +341,17 @@ class KubeMeter:
         """Apply pod events from ``resource_version`` until the stream ends.
 
         ``ApiException`` 410 when that version is too old (the caller relists)."""
-        # a bare partial: the Watch finds no return type on it and hands over the JSON as is
-        stream = watch.Watch().stream(
-            partial(self.api.list_namespaced_pod, _preload_content=False),
+        events = watch_objects(
+            self.api.list_namespaced_pod,
             self.namespace,
             label_selector=LABEL_SELECTOR,
             resource_version=resource_version,
             timeout_seconds=self.watch_seconds,
         )
-        async with stream as events:
-            async for event in events:
-                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                    await self.apply(
-                        event["raw_object"], event["type"] == "DELETED", clock.utcnow()
-                    )
+        # closed at once when applying an event fails, not whenever the generator is collected
+        async with contextlib.aclosing(events):
+            async for kind, pod in events:
+                await self.apply(pod, kind == "DELETED", clock.utcnow())
 
     async def mark_seen(self, at: datetime) -> None:
         """Record that the sessions of running pods were seen running ``at`` (those the
@@ -416,15 +359,9 @@ class KubeMeter:
         ids = [f.session_id for f in self.pods.values() if f.running]
         await self._db(self.store.mark_seen, ids, at)
 
-    async def _mark_seen_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.seen_interval_seconds)
-            if not self.synced:
-                continue  # the view may be stale: a vanished pod must not look alive
-            try:
-                await self.mark_seen(clock.utcnow())
-            except Exception:
-                log.exception("Metering: recording running pods failed; trying again")
+    async def _mark_seen_if_synced(self) -> None:
+        if self.synced:  # else the view may be stale: a vanished pod must not look alive
+            await self.mark_seen(clock.utcnow())
 
     async def start_waiting(self) -> None:
         """Open the sessions of running pods whose start grace is over (the spawner did not
@@ -442,19 +379,27 @@ class KubeMeter:
                 self._waiting.setdefault(session_id, current)  # next time, or the next list
                 raise
 
-    async def _start_waiting_forever(self) -> None:
-        while True:
-            await asyncio.sleep(WAITING_CHECK_SECONDS)
-            try:
-                await self.start_waiting()
-            except Exception:
-                log.exception("Metering: opening sessions after their start grace failed")
-
     async def run(self) -> None:
         """List, reconcile and watch forever. Every watch ends in a relist: a second after a
         normal end or a 410, after a growing back-off (1 s to 30 s) after an error."""
-        seen = asyncio.ensure_future(self._mark_seen_forever())
-        waiting = asyncio.ensure_future(self._start_waiting_forever())
+        seen = asyncio.ensure_future(
+            repeat(
+                self._mark_seen_if_synced,
+                self.seen_interval_seconds,
+                log=log,
+                failed="Metering: recording running pods failed; trying again",
+                wait_first=True,
+            )
+        )
+        waiting = asyncio.ensure_future(
+            repeat(
+                self.start_waiting,
+                WAITING_CHECK_SECONDS,
+                log=log,
+                failed="Metering: opening sessions after their start grace failed",
+                wait_first=True,
+            )
+        )
         delay = 0.0
         try:
             while True:

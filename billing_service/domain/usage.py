@@ -8,8 +8,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from .money import format_credits
-from .store import SessionRecord
+from gputap_common.money import format_credits
+
+from .records import SessionRecord
 
 CSV_COLUMNS = (
     "session_id",

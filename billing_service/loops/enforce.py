@@ -1,53 +1,33 @@
 """Enforcement: stop servers through the hub before credit runs out.
 
-:func:`sessions_to_stop` is the pure decision; :class:`Enforcer` runs it periodically and
-asks the hub to stop servers. The hub's spawner then settles the session itself
-(``POST api/sessions/{id}/stop``); files are never touched.
-
-Data disks (storage sessions) are never stopped: their cost counts in how fast the money
-drains, so servers beside them stop sooner, but a disk stays, and with disks alone the
-balance may go below zero (new servers are then refused at admission).
+:func:`~billing_service.domain.enforcement.sessions_to_stop` is the pure decision;
+:class:`Enforcer` runs it periodically and asks the hub to stop servers. The hub's spawner then
+settles the session itself (``POST api/sessions/{id}/stop``); files are never touched, and
+data disks are never stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from . import clock, metrics
-from .money import cost_micro
-from .store import AccountState, SessionRecord
+from gputap_common import clock
+
+from .. import metrics
+from ..domain.enforcement import sessions_to_stop
+from ..domain.records import AccountState, SessionRecord
+from .repeat import repeat
 
 log = logging.getLogger("billing.enforce")
 
 # A stop takes the hub a while; asking again sooner would only hammer it.
 DEFAULT_REPEAT_AFTER = timedelta(seconds=30)
-
-
-def sessions_to_stop(
-    accounts: Iterable[AccountState], now: datetime, interval_seconds: float
-) -> list[SessionRecord]:
-    """Open server sessions whose money would not last until the next check.
-
-    Sessions are judged by what pays for them (``AccountState.funding_groups``): a course's
-    sessions its allowance alone pays run out with that allowance; the others with the
-    account's credit. A group's servers are stopped when what it has <= what it costs in one
-    interval, data disks' cost included; its disks are never stopped.
-    """
-    stop: list[SessionRecord] = []
-    for account in accounts:
-        for _, available, sessions in account.funding_groups(now):
-            rate = sum(s.rate_per_hour_micro for s in sessions)
-            if available <= cost_micro(rate, 1, math.ceil(interval_seconds)):
-                stop.extend(s for s in sessions if not s.is_storage)
-    return stop
 
 
 def server_url(api_url: str, username: str, server_name: str) -> str:
@@ -125,10 +105,10 @@ class Enforcer:
 
     async def run(self) -> None:
         """Check forever, every ``interval_seconds``; one failing pass does not end it."""
-        while True:
-            try:
-                await self.check()
-            except Exception:
-                metrics.ERRORS.labels("enforce").inc()
-                log.exception("Enforcement pass failed; trying again next interval")
-            await asyncio.sleep(self.interval_seconds)
+        await repeat(
+            self.check,
+            self.interval_seconds,
+            log=log,
+            failed="Enforcement pass failed; trying again next interval",
+            errors="enforce",
+        )

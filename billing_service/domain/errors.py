@@ -1,4 +1,4 @@
-"""Domain errors of the billing store; the web layer turns them into 404 and 400."""
+"""Domain errors of billing; the web layer turns them into 404, 400 and 429."""
 
 from __future__ import annotations
 
@@ -9,3 +9,7 @@ class UnknownSku(ValueError):
 
 class NotFound(LookupError):
     """An account, session or hold that does not exist; the message says which."""
+
+
+class JoinRateLimited(Exception):
+    """Too many wrong join codes; the message says when to try again."""

@@ -15,12 +15,19 @@ that zone, turned into exact UTC instants.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import secrets
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .money import parse_credits
+from gputap_common.money import format_credits
+
+from .money import billed_seconds, cost_micro, parse_credits
+from .pricing import PriceBook
+from .records import SessionRecord
 
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
 TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -28,6 +35,9 @@ OFFERING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?$")
 MAX_WEEKLY_HOURS = 168
 MAX_GPUS = 64
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+#: failed join attempts per user allowed within JOIN_WINDOW before joining is refused
+JOIN_ATTEMPTS = 5
+JOIN_WINDOW = timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -135,3 +145,107 @@ def week_of(at: datetime, weekday: int, reset: time, timezone: str) -> tuple[dat
         start = datetime.combine(start_date, reset, tzinfo=zone)
     end = datetime.combine(start_date + timedelta(days=7), reset, tzinfo=zone)
     return start.astimezone(UTC), end.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class CourseRecord:
+    slug: str
+    name: str
+    weekly_seconds: int
+    allowed: tuple[str, ...]
+    max_concurrent_gpus: int
+    budget_cap_micro: int | None
+    github_team: str | None
+    join_code: str | None
+    reset_weekday: int
+    reset_time: str
+    timezone: str
+    created_by: str
+    created_at: datetime
+    archived_at: datetime | None
+    instructors: tuple[str, ...]
+
+    def week(self, at: datetime) -> tuple[datetime, datetime]:
+        return week_of(at, self.reset_weekday, time.fromisoformat(self.reset_time), self.timezone)
+
+    @property
+    def resets(self) -> str:
+        return f"{WEEKDAYS[self.reset_weekday].capitalize()} {self.reset_time} {self.timezone}"
+
+
+@dataclass(frozen=True)
+class StudentCourse:
+    """A student's view of one course this week."""
+
+    course: CourseRecord
+    fallback: bool
+    week_start: datetime
+    week_end: datetime
+    left_micro: int
+    prices: dict[str, int]
+
+    def hours_left(self, sku: str, count: int = 1) -> float:
+        price = self.prices.get(sku)
+        if not price or self.left_micro <= 0:
+            return 0.0
+        return self.left_micro / (price * count)
+
+
+def new_join_code() -> str:
+    """A join code: 10 characters from an alphabet without look-alikes (about 50 bits)."""
+    alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
+    return "".join(secrets.choice(alphabet) for _ in range(10))
+
+
+def reference_price(book: PriceBook, allowed: Iterable[str]) -> int:
+    """The price per hour of a course's reference option: the dearest option it allows."""
+    return max((book.price(sku) or 0) for sku in allowed)
+
+
+def week_allowance(
+    reference_price_micro: int, weekly_seconds: int, cap_micro: int | None, spent_micro: int
+) -> int:
+    """A student's allowance for a new week: the weekly hours of the reference option, within
+    what the course's budget cap leaves (``spent_micro``: granted and not taken back)."""
+    amount = cost_micro(reference_price_micro, 1, weekly_seconds)
+    if cap_micro is not None:
+        amount = max(0, min(amount, cap_micro - spent_micro))
+    return amount
+
+
+def overlap_seconds(start: datetime, end: datetime, lo: datetime, hi: datetime) -> int:
+    """Whole seconds of [start, end) inside [lo, hi)."""
+    a, b = max(start, lo), min(end, hi)
+    return billed_seconds(a, b) if b > a else 0
+
+
+def roster_rows(
+    students: Iterable[str],
+    sessions: Iterable[SessionRecord],
+    start: datetime,
+    end: datetime,
+    at: datetime,
+) -> list[dict[str, Any]]:
+    """Per student, by name: GPU-seconds, sessions and cost of the course ``sessions`` in the
+    week [start, end), running ones until ``at`` (sessions crossing a boundary count their
+    part only)."""
+    usage: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"gpu_seconds": 0, "sessions": 0, "cost_micro": 0}
+    )
+    for name in students:
+        usage[name]  # a student without sessions is a row of zeros
+    for s in sessions:
+        seconds = overlap_seconds(s.started_at, s.ended_at or at, start, end)
+        row = usage[s.username]
+        row["gpu_seconds"] += seconds * s.count
+        row["sessions"] += 1
+        row["cost_micro"] += cost_micro(s.price_per_hour_micro, s.count, seconds)
+    return [
+        {
+            "username": name,
+            **values,
+            "gpu_hours": values["gpu_seconds"] / 3600,
+            "cost": format_credits(values["cost_micro"]),
+        }
+        for name, values in sorted(usage.items())
+    ]

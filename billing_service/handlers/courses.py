@@ -1,4 +1,4 @@
-"""REST API of courses: instructors run them, students join them, admins see everything.
+"""Courses: instructors run them, students join them, admins see everything.
 
 Who may do what:
 
@@ -14,7 +14,6 @@ and rules are not disclosed to others.
 
 from __future__ import annotations
 
-import functools
 import re
 from datetime import datetime, time
 from typing import Any
@@ -22,66 +21,21 @@ from zoneinfo import ZoneInfo
 
 from tornado import web
 
-from .course_store import CourseRecord, JoinRateLimited, StudentCourse
-from .courses import WEEKDAYS, course_rules, slug_of
+from gputap_common.scopes import BILLING_INSTRUCTOR
+
+from ..domain.courses import CourseRecord, course_rules, slug_of
+from ..domain.errors import JoinRateLimited
+from ..domain.usage import csv_text
+from .base import APIHandler
 from .fields import MAX_LENGTH, check_text, optional_text, text_field
-from .handlers import APIHandler, BaseHandler
-from .money import format_credits
-from .usage import csv_text
-from .views import transaction_view
-
-INSTRUCTOR_SCOPE = "custom:gputap-billing:instructor"
-
-
-def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
-    """A course; ``full`` (its instructors, admins) adds the join code and binding."""
-    view: dict[str, Any] = {
-        "slug": course.slug,
-        "name": course.name,
-        "weekly_hours": course.weekly_seconds / 3600,
-        "allowed": list(course.allowed),
-        "max_concurrent_gpus": course.max_concurrent_gpus,
-        "reset_weekday": WEEKDAYS[course.reset_weekday],
-        "reset_time": course.reset_time,
-        "timezone": course.timezone,
-        "instructors": list(course.instructors),
-        "archived": course.archived_at is not None,
-    }
-    if full:
-        view.update(
-            github_team=course.github_team,
-            join_code=course.join_code,
-            budget_cap=(
-                format_credits(course.budget_cap_micro) if course.budget_cap_micro else None
-            ),
-            created_by=course.created_by,
-            created_at=course.created_at.isoformat(),
-            archived_at=course.archived_at.isoformat() if course.archived_at else None,
-        )
-    return view
-
-
-def student_course_view(taken: StudentCourse) -> dict[str, Any]:
-    return {
-        **course_view(taken.course, full=False),
-        "fallback": taken.fallback,
-        "week_start": taken.week_start.isoformat(),
-        "week_end": taken.week_end.isoformat(),
-        "left_micro": taken.left_micro,
-        "left": format_credits(taken.left_micro),
-        "hours_left": {sku: round(taken.hours_left(sku), 4) for sku in taken.course.allowed},
-    }
+from .views import course_view, student_course_view, transaction_view
 
 
 class CourseHandler(APIHandler):
     """Shared checks of who may see and run a course."""
 
-    @property
-    def caller_is_user(self) -> bool:
-        return self.current_user.get("kind", "user") == "user"
-
     async def may_teach(self) -> bool:
-        if self.is_admin or INSTRUCTOR_SCOPE in self.scopes:
+        if self.is_admin or BILLING_INSTRUCTOR in self.scopes:
             return True
         return self.caller_is_user and await self.blocking(self.store.is_instructor, self.caller)
 
@@ -98,7 +52,7 @@ class CourseHandler(APIHandler):
         if self.caller_is_user and self.caller in course.instructors:
             return course, True
         if not teach and self.caller_is_user:
-            taken = await self.blocking(functools.partial(self.store.courses, student=self.caller))
+            taken = await self.blocking(self.store.courses, student=self.caller)
             if any(c.slug == slug for c in taken):
                 return course, False
         raise hidden
@@ -107,12 +61,12 @@ class CourseHandler(APIHandler):
 class CoursesHandler(CourseHandler):
     @web.authenticated
     async def get(self) -> None:
-        if self.is_admin or self.is_hub:
+        if self.sees_everyone:
             courses = await self.blocking(self.store.courses)
             self.write_json({"courses": [course_view(c, full=True) for c in courses]})
             return
-        taught = await self.blocking(functools.partial(self.store.courses, instructor=self.caller))
-        taken = await self.blocking(functools.partial(self.store.courses, student=self.caller))
+        taught = await self.blocking(self.store.courses, instructor=self.caller)
+        taken = await self.blocking(self.store.courses, student=self.caller)
         self.write_json(
             {
                 "courses": [course_view(c, full=True) for c in taught]
@@ -188,7 +142,7 @@ class StudentsHandler(CourseHandler):
         await self.course_for(slug, teach=True)
         username = text_field(self.body(), "username")
         created = await self.blocking(self.store.enroll, slug, username, "instructor", self.now())
-        self.write_json({"username": username, "course": slug}, 201 if created else 200)
+        self.write_saved({"username": username, "course": slug}, created)
 
 
 class CourseGrantsHandler(CourseHandler):
@@ -212,13 +166,14 @@ class CourseGrantsHandler(CourseHandler):
             self.caller,
             self.now(),
         )
-        self.write_json(transaction_view(tx), 201 if created else 200)
+        self.write_saved(transaction_view(tx), created)
 
 
 class RosterUsageHandler(CourseHandler):
-    def initialize(self, csv: bool = False, **kwargs: Any) -> None:
-        super().initialize(**kwargs)
-        self.csv = csv
+    """This week's (or ``?week=``'s) usage of a course's students."""
+
+    #: answer as a CSV download (``usage.csv``) instead of JSON
+    csv = False
 
     @web.authenticated
     async def get(self, slug: str) -> None:
@@ -238,12 +193,9 @@ class RosterUsageHandler(CourseHandler):
             at = datetime.combine(day.date(), time(12), tzinfo=ZoneInfo(course.timezone))
         _, start, end, rows = await self.blocking(self.store.roster_usage, slug, at)
         if self.csv:
-            self.set_header("Content-Type", "text/csv; charset=utf-8")
-            self.set_header(
-                "Content-Disposition", f'attachment; filename="{slug}-{start:%Y-%m-%d}.csv"'
-            )
             columns = ("username", "gpu_seconds", "gpu_hours", "sessions", "cost")
-            self.finish(csv_text(columns, ([row[c] for c in columns] for row in rows)))
+            text = csv_text(columns, ([row[c] for c in columns] for row in rows))
+            self.write_csv(f"{slug}-{start:%Y-%m-%d}.csv", text)
             return
         self.write_json(
             {
@@ -253,6 +205,10 @@ class RosterUsageHandler(CourseHandler):
                 "students": rows,
             }
         )
+
+
+class RosterUsageCSVHandler(RosterUsageHandler):
+    csv = True
 
 
 class JoinHandler(CourseHandler):
@@ -294,57 +250,20 @@ class InstructorsHandler(CourseHandler):
         self.require_admin()
         check_text(username, "username", MAX_LENGTH["username"])
         created = await self.blocking(self.store.make_instructor, username, self.caller, self.now())
-        self.write_json({"username": username, "instructor": True}, 201 if created else 200)
+        self.write_saved({"username": username, "instructor": True}, created)
 
 
-class CoursesPageHandler(CourseHandler):
-    """The courses page: a student's courses and hours, the join form; for instructors their
-    courses with this week's roster usage and the form to create one."""
-
-    def get_login_url(self) -> str:
-        return BaseHandler.get_login_url(self)
-
-    def set_default_headers(self) -> None:
-        self.set_header("Cache-Control", "no-store")
-
-    @web.authenticated
-    async def get(self) -> None:
-        if not self.caller_is_user:
-            raise web.HTTPError(403, "The courses page is for users")
-        now = self.now()
-        taken = await self.blocking(self.store.student_courses, self.caller, now)
-        teaching = await self.may_teach()
-        taught = await self.blocking(functools.partial(self.store.courses, instructor=self.caller))
-        usage = {}
-        for course in taught:
-            usage[course.slug] = (await self.blocking(self.store.roster_usage, course.slug, now))[3]
-        book = (await self.blocking(self.store.price_book_at))[1]
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.render(
-            "courses.html",
-            username=self.caller,
-            taken=[student_course_view(t) for t in taken],
-            teaching=teaching,
-            taught=[course_view(c, full=True) for c in taught],
-            usage=usage,
-            options=sorted(s for s in book.skus() if s != "cpu"),
-            weekdays=WEEKDAYS,
-            api_base=self.request.path.rsplit("/courses", 1)[0] + "/api/",
-            xsrf=xsrf.decode() if isinstance(xsrf := self.xsrf_token, bytes) else xsrf,
-        )
-
-
-COURSE_ROUTES = [
+default_handlers = [
     (r"api/courses", CoursesHandler),
+    # before api/courses/([^/]+), which would take "join" for a course's slug
     (r"api/courses/join", JoinHandler),
     (r"api/courses/([^/]+)", CourseDetailHandler),
     (r"api/courses/([^/]+)/archive", ArchiveHandler),
     (r"api/courses/([^/]+)/students", StudentsHandler),
     (r"api/courses/([^/]+)/grants", CourseGrantsHandler),
     (r"api/courses/([^/]+)/usage", RosterUsageHandler),
-    (r"api/courses/([^/]+)/usage\.csv", RosterUsageHandler, {"csv": True}),
+    (r"api/courses/([^/]+)/usage\.csv", RosterUsageCSVHandler),
     (r"api/courses/([^/]+)/enrollment", EnrollmentHandler),
     (r"api/accounts/([^/]+)/courses", StudentCoursesHandler),
     (r"api/instructors/([^/]+)", InstructorsHandler),
-    (r"courses", CoursesPageHandler),
 ]

@@ -1,7 +1,7 @@
 """Pure: what billing reads from a pod, and where a session whose pod vanished ends.
 
-The rules are those of docs/billing.md, "Metering on Kubernetes"; :mod:`.kube_meter` applies
-them to the pods it lists and watches.
+The rules are those of docs/billing.md, "Metering on Kubernetes";
+:mod:`billing_service.loops.kube_meter` applies them to the pods it lists and watches.
 """
 
 from __future__ import annotations
@@ -11,30 +11,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-PREFIX = "gputap.io/"
-SESSION_ANNOTATION = f"{PREFIX}session"
-USER_KEY = f"{PREFIX}user"  # a label (slug) and an annotation (the username as is)
-SERVER_ANNOTATION = f"{PREFIX}server"
-OFFERING_ANNOTATION = f"{PREFIX}offering"
-COURSE_ANNOTATION = f"{PREFIX}course"
-COUNT_LABEL = f"{PREFIX}count"
-PRICE_CLASS_LABEL = f"{PREFIX}price-class"
-#: KubeSpawner's name for the single-user server's container
-SERVER_CONTAINER = "notebook"
-TERMINAL_PHASES = ("Succeeded", "Failed")
-PRICE_CLASSES = ("on-demand", "spot")
+from gputap_common.kube_watch import parse_kube_time
+from gputap_common.labels import (
+    COUNT,
+    COURSE,
+    OFFERING,
+    PRICE_CLASS,
+    SERVER,
+    SERVER_CONTAINER,
+    SESSION,
+    TERMINAL_PHASES,
+    USER,
+)
 
-
-def parse_time(value: str | None) -> datetime | None:
-    """A Kubernetes RFC 3339 time ("2026-11-29T19:00:00Z") as an aware datetime."""
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+from .pricing import SERVER_PRICE_CLASSES
 
 
 @dataclass(frozen=True)
-class PodFacts:
-    """What billing needs from one pod."""
+class PodSession:
+    """Which pod runs which server's session."""
 
     session_id: str
     namespace: str
@@ -42,6 +37,16 @@ class PodFacts:
     pod_uid: str
     username: str
     server_name: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.namespace}/{self.pod_name}"
+
+
+@dataclass(frozen=True)
+class PodFacts(PodSession):
+    """What billing needs from one pod."""
+
     sku: str
     count: int
     price_class: str
@@ -53,10 +58,6 @@ class PodFacts:
     ended_at: datetime | None
     #: it will not run again: the pod ended (Succeeded, Failed) or is being deleted
     finished: bool
-
-    @property
-    def target(self) -> str:
-        return f"{self.namespace}/{self.pod_name}"
 
     @property
     def running(self) -> bool:
@@ -77,7 +78,7 @@ def _first_start(status: Mapping[str, Any], created: datetime | None) -> datetim
     starts = []
     for state in (status.get("state") or {}, status.get("lastState") or {}):
         for kind in ("running", "terminated"):
-            started = parse_time((state.get(kind) or {}).get("startedAt"))
+            started = parse_kube_time((state.get(kind) or {}).get("startedAt"))
             if started is not None and (created is None or started >= created):
                 starts.append(started)
     return min(starts, default=None)
@@ -94,50 +95,48 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    username = annotations.get(USER_KEY)
-    sku = annotations.get(OFFERING_ANNOTATION)
+    username = annotations.get(USER)
+    sku = annotations.get(OFFERING)
     if not username or not sku:
         return None
     namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
     where = f"pod {namespace}/{name}"
-    count_label = labels.get(COUNT_LABEL, "")
+    count_label = labels.get(COUNT, "")
     if not count_label.isdigit() or int(count_label) < 1:
+        raise ValueError(f"{where}: label {COUNT} must be a positive integer, not {count_label!r}")
+    price_class = labels.get(PRICE_CLASS, "on-demand")
+    if price_class not in SERVER_PRICE_CLASSES:
         raise ValueError(
-            f"{where}: label {COUNT_LABEL} must be a positive integer, not {count_label!r}"
-        )
-    price_class = labels.get(PRICE_CLASS_LABEL, "on-demand")
-    if price_class not in PRICE_CLASSES:
-        raise ValueError(
-            f"{where}: label {PRICE_CLASS_LABEL} must be on-demand or spot, not {price_class!r}"
+            f"{where}: label {PRICE_CLASS} must be on-demand or spot, not {price_class!r}"
         )
     containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
     if SERVER_CONTAINER not in containers:
         raise ValueError(f"{where} has no container named {SERVER_CONTAINER!r} to meter")
 
     status = _server_status(pod)
-    started_at = _first_start(status, parse_time(meta.get("creationTimestamp")))
+    started_at = _first_start(status, parse_kube_time(meta.get("creationTimestamp")))
     phase = (pod.get("status") or {}).get("phase")
     ends = []
-    finished_at = parse_time(
+    finished_at = parse_kube_time(
         ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
     )
     if phase in TERMINAL_PHASES and finished_at is not None:
         ends.append(finished_at)
-    deletion = parse_time(meta.get("deletionTimestamp"))
+    deletion = parse_kube_time(meta.get("deletionTimestamp"))
     if deletion is not None:
         grace = meta.get("deletionGracePeriodSeconds") or 0
         ends.append(deletion - timedelta(seconds=grace))
     return PodFacts(
-        session_id=annotations.get(SESSION_ANNOTATION) or f"pod-{uid}",
+        session_id=annotations.get(SESSION) or f"pod-{uid}",
         namespace=namespace,
         pod_name=name,
         pod_uid=uid,
         username=username,
-        server_name=annotations.get(SERVER_ANNOTATION, ""),
+        server_name=annotations.get(SERVER, ""),
         sku=sku,
         count=int(count_label),
         price_class=price_class,
-        course=annotations.get(COURSE_ANNOTATION, ""),
+        course=annotations.get(COURSE, ""),
         started_at=started_at,
         ended_at=min(ends, default=None),
         finished=phase in TERMINAL_PHASES or deletion is not None,
@@ -148,15 +147,9 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
 
 
 @dataclass(frozen=True)
-class MeteredSession:
+class MeteredSession(PodSession):
     """An open session the meter bound to a pod."""
 
-    session_id: str
-    namespace: str
-    pod_name: str
-    pod_uid: str
-    username: str
-    server_name: str
     started_at: datetime
     last_seen_at: datetime | None
 
@@ -164,7 +157,7 @@ class MeteredSession:
 def event_time(event: Mapping[str, Any]) -> datetime | None:
     """When an event last happened (an aggregated event keeps its latest occurrence)."""
     series = event.get("series") or {}
-    return parse_time(
+    return parse_kube_time(
         event.get("lastTimestamp")
         or series.get("lastObservedTime")
         or event.get("eventTime")

@@ -7,12 +7,12 @@ concurrent pass (a restart, a second replica) change nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from . import metrics
+from .. import metrics
+from .repeat import repeat
 
 log = logging.getLogger("billing.charge")
 
@@ -41,10 +41,11 @@ class Charger:
         return posted
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except Exception:
-                metrics.ERRORS.labels("charge").inc()
-                log.exception("Charge pass failed; trying again next interval")
-            await asyncio.sleep(self.interval_seconds)
+        """Charge forever, every ``interval_seconds``; one failing pass does not end it."""
+        await repeat(
+            self.check,
+            self.interval_seconds,
+            log=log,
+            failed="Charge pass failed; trying again next interval",
+            errors="charge",
+        )

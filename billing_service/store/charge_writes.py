@@ -1,6 +1,6 @@
-"""Writing a batch of interval charges, once ``Store._charge_batch`` has locked the rows and
-computed the splits: on PostgreSQL in one statement, elsewhere (SQLite) with one executemany
-per table and kind of write. Both write the same rows.
+"""Writing a batch of interval charges, once :func:`.charges.charge_batch` has locked the rows
+and computed the splits: on PostgreSQL in one statement, elsewhere (SQLite) with one
+executemany per table and kind of write. Both write the same rows.
 
 ``tx_rows`` are the new charge transactions (``ledger_transactions`` columns); ``splits`` their
 postings, ``(ledger account id, signed amount)`` pairs, one list per transaction; ``moved`` how
@@ -14,8 +14,8 @@ from datetime import datetime
 from sqlalchemy import bindparam, insert, text, update
 from sqlalchemy.orm import Session
 
-from . import ledger
-from .orm import BillingSession, LedgerAccount, LedgerTransaction, Posting, UTCDateTime
+from ..domain import ledger
+from ..orm import BillingSession, LedgerAccount, LedgerTransaction, Posting, UTCDateTime
 
 SESSIONS = BillingSession.__table__
 TRANSACTIONS = LedgerTransaction.__table__

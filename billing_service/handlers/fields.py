@@ -12,8 +12,8 @@ from typing import Any
 
 from tornado import web
 
-from .money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
-from .pricing import PRICE_CLASSES
+from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
+from ..domain.pricing import PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
 #: idempotency keys join several fields ("user:{username}:allowance:{course}", "grant:{key}",

@@ -1,7 +1,8 @@
 """Money arithmetic: integer micro-credits, never floats.
 
 1 credit = 1_000_000 micro-credits. Amounts enter as decimal strings ("6.666667") or
-integers, are stored as integers, and leave formatted to two decimals ("6.67").
+integers, and are stored as integers; they leave as text through the one exact formatter,
+:func:`gputap_common.money.format_credits` ("6.666667").
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
-MICRO = 1_000_000
+from gputap_common.money import MICRO
+
 #: a billion credits: beyond any real amount, and far inside a 64-bit column
 MAX_MICRO = 10**9 * MICRO
 SECONDS_PER_HOUR = 3600
@@ -46,17 +48,6 @@ def parse_credits(value: object, field: str = "amount") -> int:
     if abs(micro) > MAX_MICRO:
         raise ValueError(f"{field} must be at most {MAX_MICRO // MICRO} credits, not {value!r}")
     return int(micro)
-
-
-def format_credits(micro: int) -> str:
-    """Exact credits, never rounded: two decimals at least, six at most.
-
-    10_000_000 -> "10.00", 9_998_733 -> "9.998733", 1_142_857 -> "1.142857", -5_000 -> "-0.005".
-    """
-    sign = "-" if micro < 0 else ""
-    whole, fraction = divmod(abs(micro), MICRO)
-    digits = f"{fraction:06d}".rstrip("0").ljust(2, "0")
-    return f"{sign}{whole}.{digits}"
 
 
 def billed_seconds(started_at: datetime, ended_at: datetime) -> int:

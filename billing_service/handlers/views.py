@@ -1,12 +1,21 @@
-"""JSON views of billing records, the shapes the REST API answers with."""
+"""JSON views of billing records, the shapes the REST API answers with (and the pages show)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from .money import format_credits, seconds_covered
-from .store import AccountState, HoldRecord, PriceBookRecord, SessionRecord, TransactionRecord
+from gputap_common.money import format_credits
+
+from ..domain.courses import WEEKDAYS, CourseRecord, StudentCourse
+from ..domain.money import seconds_covered
+from ..domain.records import (
+    AccountState,
+    HoldRecord,
+    PriceBookRecord,
+    SessionRecord,
+    TransactionRecord,
+)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -172,7 +181,48 @@ def price_book_view(record: PriceBookRecord) -> dict[str, Any]:
         "created_at": _iso(record.created_at),
         "created_by": record.created_by,
         "source": record.source,
-        "prices": {sku: format_credits(micro) for sku, micro in sorted(book.configured().items())},
+        "prices": book.configured_credits(),
         "spot_discount_percent": book.spot_discount_percent,
         "shared_percent": book.shared_percent,
+    }
+
+
+def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
+    """A course; ``full`` (its instructors, admins) adds the join code and binding."""
+    view: dict[str, Any] = {
+        "slug": course.slug,
+        "name": course.name,
+        "weekly_hours": course.weekly_seconds / 3600,
+        "allowed": list(course.allowed),
+        "max_concurrent_gpus": course.max_concurrent_gpus,
+        "reset_weekday": WEEKDAYS[course.reset_weekday],
+        "reset_time": course.reset_time,
+        "timezone": course.timezone,
+        "instructors": list(course.instructors),
+        "archived": course.archived_at is not None,
+    }
+    if full:
+        view.update(
+            github_team=course.github_team,
+            join_code=course.join_code,
+            budget_cap=(
+                format_credits(course.budget_cap_micro) if course.budget_cap_micro else None
+            ),
+            created_by=course.created_by,
+            created_at=course.created_at.isoformat(),
+            archived_at=course.archived_at.isoformat() if course.archived_at else None,
+        )
+    return view
+
+
+def student_course_view(taken: StudentCourse) -> dict[str, Any]:
+    """A course as its student sees it this week: no join code, the hours left."""
+    return {
+        **course_view(taken.course, full=False),
+        "fallback": taken.fallback,
+        "week_start": taken.week_start.isoformat(),
+        "week_end": taken.week_end.isoformat(),
+        "left_micro": taken.left_micro,
+        "left": format_credits(taken.left_micro),
+        "hours_left": {sku: round(taken.hours_left(sku), 4) for sku in taken.course.allowed},
     }

@@ -15,7 +15,10 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .money import MAX_PRICE_MICRO, format_credits, parse_credits
+from gputap_common.money import format_credits
+
+from .errors import UnknownSku
+from .money import MAX_PRICE_MICRO, parse_credits
 
 MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
 SHARED = "shared"
@@ -25,7 +28,9 @@ MIG_SLICES_PER_CARD = 7
 DISK = "disk"
 #: the price class of storage sessions; servers are "on-demand" or "spot"
 STORAGE = "storage"
-PRICE_CLASSES = ("on-demand", "spot", STORAGE)
+#: the price classes of servers (pods, processes): interruptible or not
+SERVER_PRICE_CLASSES = ("on-demand", "spot")
+PRICE_CLASSES = (*SERVER_PRICE_CLASSES, STORAGE)
 #: a disk's price when ``billing.prices`` names none: 0.0002 credits per GB-hour
 #: (a 100 GB disk costs 0.02 an hour, 14.40 over 30 days)
 DEFAULT_DISK_PRICE_MICRO = 200
@@ -47,6 +52,21 @@ def check_price_class(sku: str, price_class: str) -> None:
         raise ValueError(
             f"sku 'disk' is a data disk, priced per GB-hour: send price_class 'storage', "
             f"not {price_class!r}"
+        )
+
+
+def check_storage_session(server_name: str, hold_id: str | None, course: str) -> None:
+    """``ValueError`` naming the field when a storage session's request does not fit one."""
+    if not server_name.startswith("disk:") or server_name == "disk:":
+        raise ValueError(
+            f"server_name: a data disk's storage session is named 'disk:NAME', not {server_name!r}"
+        )
+    if hold_id:
+        raise ValueError("hold_id: data disks take no admission, so no hold")
+    if course:
+        raise ValueError(
+            "course: a course's hours never pay for data disks; they are paid from the "
+            "user's own credit (trial, then paid)"
         )
 
 
@@ -94,10 +114,24 @@ class PriceBook:
         # half up: floor(card * g / 7 + 1/2)
         return (2 * self.cards[card] * g + MIG_SLICES_PER_CARD) // (2 * MIG_SLICES_PER_CARD)
 
+    def require(self, sku: str, price_class: str = "on-demand") -> int:
+        """:meth:`price`, or ``UnknownSku`` saying what to ask for instead."""
+        price = self.price(sku, price_class)
+        if price is None:
+            raise UnknownSku(
+                f"No price for SKU {sku!r}; use a card, 'cpu', or CARD/<g>g.<m>gb "
+                "listed by GET api/prices"
+            )
+        return price
+
     def configured(self) -> dict[str, int]:
         """Every SKU with a price of its own (cards, cpu, explicit slices, disk): the book
         as stored and shown."""
         return {**self.cards, **self.slices, **self.storage}
+
+    def configured_credits(self) -> dict[str, str]:
+        """:meth:`configured` as exact credits ("8.00"), by SKU: as stored and shown."""
+        return {sku: format_credits(micro) for sku, micro in sorted(self.configured().items())}
 
     def skus(self, price_class: str = "on-demand") -> list[str]:
         """The SKUs the book prices in ``price_class``: servers (cards, cpu, explicit slices)

@@ -125,3 +125,21 @@ def split_refund(amount: int, taken: Sequence[int]) -> list[int]:
         left -= part
     parts[-1] += left
     return parts
+
+
+def check_funding(kind: str, amount_micro: int, course: str = "") -> None:
+    """``ValueError`` naming what is wrong with a grant: ``kind`` is one of FUNDING_KINDS, only
+    adjustments may be negative, and allowances, and only they, name a course."""
+    if kind not in FUNDING_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(FUNDING_KINDS)}, not {kind!r}")
+    if amount_micro == 0 or (amount_micro < 0 and kind != "adjustment"):
+        raise ValueError(
+            f"amount: a {kind} must be positive"
+            + (" (a negative adjustment takes credit away)" if kind == "adjustment" else "")
+        )
+    if (kind == "allowance") != bool(course):
+        raise ValueError(
+            "course: an allowance names its course"
+            if kind == "allowance"
+            else f"course: only an allowance names a course, not a {kind}"
+        )

@@ -1,0 +1,180 @@
+"""The records the store answers with: frozen, detached from the database, priced at any
+``now`` without another query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from . import ledger
+from .money import billed_seconds, cost_micro
+from .pricing import STORAGE, PriceBook
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    id: str
+    username: str
+    server_name: str
+    sku: str
+    count: int
+    price_per_hour_micro: int
+    started_at: datetime
+    ended_at: datetime | None
+    billed_seconds: int | None
+    cost_micro: int | None
+    price_class: str = "on-demand"
+    charged_micro: int = 0
+    course: str = ""
+    price_book_version: int | None = None
+    last_seen_at: datetime | None = None
+    fallback: bool = False
+
+    @property
+    def rate_per_hour_micro(self) -> int:
+        return self.price_per_hour_micro * self.count
+
+    @property
+    def is_storage(self) -> bool:
+        """A data disk's session: never stopped, not a server on the hub, not GPU time."""
+        return self.price_class == STORAGE
+
+    def seconds_at(self, now: datetime) -> int:
+        """Billed seconds: final when ended, so far (until ``now``) when running."""
+        if self.billed_seconds is not None:
+            return self.billed_seconds
+        return billed_seconds(self.started_at, max(now, self.started_at))
+
+    def cost_at(self, now: datetime) -> int:
+        """Cost in micro-credits: final when ended, running cost until ``now`` otherwise."""
+        if self.cost_micro is not None:
+            return self.cost_micro
+        return cost_micro(self.price_per_hour_micro, self.count, self.seconds_at(now))
+
+    def uncharged_at(self, now: datetime) -> int:
+        """What this session has cost by ``now`` beyond its charges posted so far."""
+        return max(self.cost_at(now) - self.charged_micro, 0)
+
+    def minimum_left_at(self, now: datetime, min_billable_seconds: int) -> int:
+        """What its minimum billable period still claims beyond its cost by ``now``: a young
+        server keeps holding the credit its admission held."""
+        minimum = cost_micro(self.price_per_hour_micro, self.count, min_billable_seconds)
+        return max(minimum - self.cost_at(now), 0)
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """A ledger transaction as one user sees it: ``amount_micro`` is the net to their pools."""
+
+    id: int
+    username: str | None
+    kind: str
+    amount_micro: int
+    postings: tuple[tuple[str, int], ...]
+    session_id: str | None
+    idempotency_key: str
+    memo: str
+    created_by: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class HoldRecord:
+    id: str
+    username: str
+    sku: str
+    count: int
+    price_class: str
+    amount_micro: int
+    created_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    release_reason: str
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class AccountState:
+    """An account's pools, open sessions and active holds: enough to price it at any ``now``."""
+
+    username: str
+    created_at: datetime
+    balance_micro: int
+    running: tuple[SessionRecord, ...]
+    pools: dict[str, int] = field(default_factory=dict)
+    held_micro: int = 0
+
+    @property
+    def rate_per_hour_micro(self) -> int:
+        """What the open sessions cost per hour together, data disks included."""
+        return sum(s.rate_per_hour_micro for s in self.running)
+
+    @property
+    def servers(self) -> tuple[SessionRecord, ...]:
+        """Open sessions of servers (on the hub, stopped when credit runs out)."""
+        return tuple(s for s in self.running if not s.is_storage)
+
+    @property
+    def disks(self) -> tuple[SessionRecord, ...]:
+        """Open storage sessions: data disks, never stopped by billing."""
+        return tuple(s for s in self.running if s.is_storage)
+
+    def running_cost_at(self, now: datetime) -> int:
+        """What the open sessions (servers and disks) have cost so far (charged or not)."""
+        return sum(s.cost_at(now) for s in self.running)
+
+    def available_at(self, now: datetime) -> int:
+        """Balance less what running servers cost beyond their posted charges."""
+        return self.balance_micro - sum(s.uncharged_at(now) for s in self.running)
+
+    def course_available_at(self, course: str, now: datetime) -> int:
+        """A course's allowance left for this student: its pool less what the student's
+        sessions of that course cost beyond their charges."""
+        code = next((c for c in self.pools if c.endswith(f":allowance:{course}")), None)
+        pool = self.pools.get(code, 0) if code else 0
+        return pool - sum(s.uncharged_at(now) for s in self.running if s.course == course)
+
+    def funding_groups(self, now: datetime) -> list[tuple[str, int, tuple[SessionRecord, ...]]]:
+        """(course or "", available, sessions) for each group of running sessions that share
+        their money: each course whose sessions its allowance alone pays, and the rest."""
+        groups: list[tuple[str, int, tuple[SessionRecord, ...]]] = []
+        alone = sorted({s.course for s in self.running if s.course and not s.fallback})
+        for course in alone:
+            sessions = tuple(s for s in self.running if s.course == course and not s.fallback)
+            groups.append((course, self.course_available_at(course, now), sessions))
+        rest = tuple(s for s in self.running if not s.course or s.fallback)
+        if rest:
+            # the user's own pools and the allowances of the courses of these sessions (a
+            # student who pays on); other allowances pay for none of them, disks included
+            usable = {
+                ledger.pool_code(self.username, "allowance", s.course) for s in rest if s.course
+            }
+            theirs = sum(v for c, v in self.pools.items() if ":allowance:" in c and c not in usable)
+            available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
+            groups.append(("", available, rest))
+        return groups
+
+    def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
+        """Credit a new server may claim: available less active holds, and less the rest of
+        the minimum period of servers younger than it (a started hold keeps holding; disks
+        have no minimum period)."""
+        young = sum(s.minimum_left_at(now, min_billable_seconds) for s in self.servers)
+        return self.available_at(now) - self.held_micro - young
+
+
+@dataclass(frozen=True)
+class PriceBookRecord:
+    version: int
+    created_at: datetime
+    created_by: str
+    source: str
+    book: PriceBook
+
+
+@dataclass(frozen=True)
+class LedgerProblem:
+    what: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.detail}"

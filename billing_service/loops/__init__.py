@@ -1,0 +1,4 @@
+"""The background loops, each a pass every interval against the store and the outside world:
+interval charges (:mod:`.charge`), enforcement through the hub (:mod:`.enforce`), reconciliation
+with the hub (:mod:`.reconcile`) and, on Kubernetes, the pod meter (:mod:`.kube_meter`). Their
+decisions are pure, in :mod:`billing_service.domain`."""

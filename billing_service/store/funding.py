@@ -1,0 +1,63 @@
+"""Funding on the database: grants (top-ups, refunds, adjustments, trial credit, course
+allowances) into a user's pools, and the user's ledger."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..domain import ledger
+from ..domain.records import TransactionRecord
+from ..orm import LedgerTransaction
+from . import accounts, postings
+
+
+def grant(
+    db: Session,
+    username: str,
+    kind: str,
+    amount_micro: int,
+    reason: str,
+    idempotency_key: str,
+    now: datetime,
+    *,
+    created_by: str = "",
+    course: str = "",
+) -> tuple[TransactionRecord, bool]:
+    """Post a grant under ``grant:{idempotency_key}``; a replay returns the first one (False).
+    ``ValueError`` for a grant ``ledger.check_funding`` refuses, ``NotFound`` for no account."""
+    ledger.check_funding(kind, amount_micro, course)
+    key = f"grant:{idempotency_key}"
+    existing = postings.find_transaction(db, key)
+    if existing is not None:
+        return postings.transaction_record(db, existing), False
+    account = accounts.require(db, username)
+    pool_name = ledger.funding_pool(kind)
+    pool = postings.ledger_account(
+        db, ledger.pool_code(username, pool_name, course), account.id, pool_name, course
+    )
+    counter = postings.system_account(db, ledger.counter_account(kind))
+    tx = postings.post(
+        db,
+        key=key,
+        kind=kind,
+        account_id=account.id,
+        moves=[(pool, amount_micro), (counter, -amount_micro)],
+        now=now,
+        memo=reason,
+        created_by=created_by,
+    )
+    return postings.transaction_record(db, tx), True
+
+
+def transactions(db: Session, username: str) -> list[TransactionRecord]:
+    """The ledger of ``username``, oldest first; ``NotFound`` for no account."""
+    account = accounts.require(db, username)
+    rows = db.scalars(
+        select(LedgerTransaction)
+        .where(LedgerTransaction.account_id == account.id)
+        .order_by(LedgerTransaction.id)
+    )
+    return [postings.transaction_record(db, row) for row in rows]

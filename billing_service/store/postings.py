@@ -1,0 +1,164 @@
+"""The ledger on the database: ledger accounts, balanced transactions and their postings, the
+revenue shards. The codes, kinds and splits are pure, in :mod:`billing_service.domain.ledger`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from ..domain import ledger
+from ..domain.records import TransactionRecord
+from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
+
+LEDGER_ACCOUNTS = LedgerAccount.__table__
+
+
+def ledger_account(
+    db: Session, code: str, account_id: int | None, pool: str, course: str = ""
+) -> LedgerAccount:
+    """The ledger account ``code``, created (balance 0) on first use."""
+    row = db.scalar(select(LedgerAccount).where(LedgerAccount.code == code))
+    if row is None:
+        row = LedgerAccount(
+            code=code, account_id=account_id, pool=pool, course=course, balance_micro=0
+        )
+        db.add(row)
+        db.flush()
+    return row
+
+
+def system_account(db: Session, code: str) -> LedgerAccount:
+    """A system counter-account (``system:...``), created on first use."""
+    return ledger_account(db, code, None, "system")
+
+
+class RevenueShards:
+    """The ids of the revenue shards (``ledger.REVENUE_CODES``), in shard order, kept once
+    all of them exist."""
+
+    def __init__(self) -> None:
+        self._ids: tuple[int, ...] | None = None
+
+    def ids(self, db: Session) -> tuple[int, ...]:
+        """The shards are made by the migration; one missing is created here. The ids are
+        kept only once all of them existed, so an id is never kept from a transaction that
+        rolled back."""
+        if self._ids is not None:
+            return self._ids
+        found = dict(
+            db.execute(
+                select(LEDGER_ACCOUNTS.c.code, LEDGER_ACCOUNTS.c.id).where(
+                    LEDGER_ACCOUNTS.c.code.in_(ledger.REVENUE_CODES)
+                )
+            ).all()
+        )
+        ids = tuple(found.get(code) or system_account(db, code).id for code in ledger.REVENUE_CODES)
+        if len(found) == len(ledger.REVENUE_CODES):
+            self._ids = ids
+        return ids
+
+
+def revenue_micro(db: Session) -> int:
+    """All charges so far, net of what final charges gave back: the sum of the shards."""
+    total = db.scalar(
+        select(func.coalesce(func.sum(LEDGER_ACCOUNTS.c.balance_micro), 0)).where(
+            LEDGER_ACCOUNTS.c.code.in_(ledger.REVENUE_CODES)
+        )
+    )
+    return int(total)  # PostgreSQL sums BIGINT as NUMERIC
+
+
+def funding_pools(
+    db: Session, account: Account, course: str, fallback: bool = True
+) -> list[LedgerAccount]:
+    """The account's pools in funding order, created where missing, locked for this
+    transaction."""
+    codes = []
+    for pool, pool_course in ledger.funding_order(course, fallback):
+        code = ledger.pool_code(account.username, pool, pool_course)
+        ledger_account(db, code, account.id, pool, pool_course)
+        codes.append(code)
+    locked = db.scalars(
+        select(LedgerAccount)
+        .where(LedgerAccount.code.in_(codes))
+        .order_by(LedgerAccount.id)
+        .with_for_update()
+    ).all()
+    by_code = {row.code: row for row in locked}
+    return [by_code[code] for code in codes]
+
+
+def find_transaction(db: Session, key: str) -> LedgerTransaction | None:
+    """The transaction posted under idempotency key ``key``, if any."""
+    return db.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
+
+
+def post(
+    db: Session,
+    *,
+    key: str,
+    kind: str,
+    account_id: int | None,
+    moves: Sequence[tuple[LedgerAccount, int]],
+    now: datetime,
+    memo: str = "",
+    created_by: str = "",
+    session_id: str | None = None,
+) -> LedgerTransaction:
+    """One balanced transaction; each account's balance moves in the same transaction."""
+    moves = [(account, amount) for account, amount in moves if amount]
+    if sum(amount for _, amount in moves) != 0:
+        raise AssertionError(f"unbalanced transaction {key}: {moves}")
+    tx = LedgerTransaction(
+        idempotency_key=key,
+        kind=kind,
+        account_id=account_id,
+        session_id=session_id,
+        memo=memo,
+        created_by=created_by,
+        created_at=now,
+    )
+    db.add(tx)
+    db.flush()
+    for account, amount in moves:
+        db.add(Posting(transaction_id=tx.id, ledger_account_id=account.id, amount_micro=amount))
+        db.execute(
+            update(LedgerAccount)
+            .where(LedgerAccount.id == account.id)
+            .values(balance_micro=LedgerAccount.balance_micro + amount)
+            .execution_options(synchronize_session=False)
+        )
+    db.flush()
+    for account, _ in moves:
+        db.refresh(account, ["balance_micro"])
+    return tx
+
+
+def transaction_record(db: Session, tx: LedgerTransaction) -> TransactionRecord:
+    """``tx`` with its postings, as its owner sees it (the net to their pools)."""
+    rows = db.execute(
+        select(LedgerAccount.code, LedgerAccount.account_id, Posting.amount_micro)
+        .join(LedgerAccount, LedgerAccount.id == Posting.ledger_account_id)
+        .where(Posting.transaction_id == tx.id)
+        .order_by(Posting.id)
+    ).all()
+    username = None
+    if tx.account_id is not None:
+        username = db.scalar(select(Account.username).where(Account.id == tx.account_id))
+    net = sum(amount for _, owner, amount in rows if owner is not None)
+    return TransactionRecord(
+        id=tx.id,
+        username=username,
+        kind=tx.kind,
+        amount_micro=net,
+        postings=tuple((code, amount) for code, _, amount in rows),
+        session_id=tx.session_id,
+        idempotency_key=tx.idempotency_key,
+        memo=tx.memo,
+        created_by=tx.created_by,
+        created_at=tx.created_at,
+    )

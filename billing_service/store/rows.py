@@ -1,0 +1,43 @@
+"""Database rows as the domain's frozen records, detached from the session that read them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import fields
+from typing import Any
+
+from ..domain.courses import CourseRecord
+from ..domain.records import HoldRecord, SessionRecord
+from ..orm import Course, Hold
+
+# the columns named like the records' fields, looked up once: enforcement converts every
+# open session every few seconds
+_SESSION_FIELDS = tuple(f.name for f in fields(SessionRecord))
+_HOLD_FIELDS = tuple(f.name for f in fields(HoldRecord) if f.name != "username")
+_COURSE_FIELDS = tuple(
+    f.name for f in fields(CourseRecord) if f.name not in ("allowed", "instructors")
+)
+
+
+def _values(row: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in names}
+
+
+def session_record(row: Any) -> SessionRecord:
+    """A ``sessions`` row (an ORM object or a Core row) as a record."""
+    return SessionRecord(**_values(row, _SESSION_FIELDS))
+
+
+def hold_record(row: Hold, username: str) -> HoldRecord:
+    """A hold of ``username``'s account as a record."""
+    return HoldRecord(username=username, **_values(row, _HOLD_FIELDS))
+
+
+def course_record(row: Course, instructors: Iterable[str]) -> CourseRecord:
+    """A course with its instructors as a record (``allowed`` is stored as a JSON list)."""
+    return CourseRecord(
+        allowed=tuple(json.loads(row.allowed)),
+        instructors=tuple(sorted(instructors)),
+        **_values(row, _COURSE_FIELDS),
+    )

@@ -1,0 +1,153 @@
+"""Sessions on the database: a server's (or data disk's) start, priced by the book in force
+then, and its stop, settled with the final charge; what is open and was seen running.
+
+Storage sessions (price class "storage", sku "disk", count = GB) are data disks, metered from
+creation to deletion and charged exactly like servers, from the user's own credit (trial, then
+paid; never a course's allowance). They take no admission or hold, and nothing here or in
+enforcement stops them: their cost drains the credit and may take it below zero, and then new
+servers are refused until credit is added.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from ..domain.errors import NotFound
+from ..domain.money import billed_seconds, cost_micro
+from ..domain.pricing import STORAGE, check_price_class, check_storage_session
+from ..domain.records import SessionRecord
+from ..orm import BillingSession, Course, Enrollment
+from . import accounts, charges, courses, prices
+from .admission import hold_started
+from .rows import session_record
+from .terms import Terms
+
+
+def start_session(
+    db: Session,
+    session_id: str,
+    username: str,
+    server_name: str,
+    sku: str,
+    count: int,
+    started_at: datetime,
+    now: datetime,
+    price_class: str,
+    *,
+    hold_id: str | None,
+    course: str,
+    terms: Terms,
+) -> tuple[SessionRecord, bool]:
+    """Record a started session (False: it was recorded already) and release its admission's
+    hold as started; ``ValueError`` for a request that does not fit its price class,
+    ``UnknownSku`` for a SKU without a price then."""
+    check_price_class(sku, price_class)
+    if price_class == STORAGE:
+        check_storage_session(server_name, hold_id, course)
+    existing = db.get(BillingSession, session_id)
+    if existing is not None:
+        # another source (the pod meter) opened it first: the spawner's hold is done
+        hold_started(db, hold_id, existing.account_id, session_id, now)
+        return session_record(existing), False
+    version, book = prices.book_at(db, started_at, terms.price_book)
+    price = book.require(sku, price_class)
+    account, _ = accounts.open_account(db, username, now, terms.trial_credit_micro)
+    fallback = False
+    if course:
+        enrollment = db.get(Enrollment, (course, username))
+        if enrollment is None:
+            raise ValueError(f"course: {username} is not a student of {course!r}")
+        fallback = enrollment.fallback
+        courses.ensure_week(db, db.get(Course, course), username, now, terms)
+    row = BillingSession(
+        fallback=fallback,
+        id=session_id,
+        account_id=account.id,
+        username=username,
+        server_name=server_name,
+        sku=sku,
+        count=count,
+        price_per_hour_micro=price,
+        price_class=price_class,
+        started_at=started_at,
+        charged_micro=0,
+        course=course,
+        price_book_version=version,
+    )
+    db.add(row)
+    db.flush()
+    hold_started(db, hold_id, account.id, session_id, now)
+    return session_record(row), True
+
+
+def stop_session(
+    db: Session, session_id: str, ended_at: datetime, now: datetime, terms: Terms
+) -> SessionRecord:
+    """Settle a session: final seconds and cost, the final charge. Replays change nothing."""
+    # the row lock makes a concurrent stop (or charge) wait, then see this one's result
+    row = db.get(BillingSession, session_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"No session {session_id!r}; start it with POST api/sessions")
+    if row.ended_at is not None:
+        return session_record(row)
+    if ended_at < row.started_at:
+        raise ValueError(
+            f"ended_at: {ended_at.isoformat()} is before the session started "
+            f"({row.started_at.isoformat()})"
+        )
+    if row.course:  # a new week first: the part before its start is last week's
+        taken = db.get(Course, row.course)
+        if taken is not None:
+            courses.ensure_week(db, taken, row.username, max(ended_at, row.started_at), terms)
+    seconds = billed_seconds(row.started_at, ended_at)
+    cost = cost_micro(row.price_per_hour_micro, row.count, seconds)
+    row.ended_at = ended_at
+    row.billed_seconds = seconds
+    row.cost_micro = cost
+    charges.charge_to(db, row, cost, f"charge:{row.id}:final", now, terms.revenue)
+    db.flush()
+    return session_record(row)
+
+
+def running_count(db: Session) -> int:
+    """How many sessions are open."""
+    return db.scalar(
+        select(func.count()).select_from(BillingSession).where(BillingSession.ended_at.is_(None))
+    )
+
+
+def mark_seen(db: Session, session_ids: list[str], at: datetime) -> None:
+    """Record that the servers of ``session_ids`` were seen running at ``at``."""
+    db.execute(
+        update(BillingSession)
+        .where(BillingSession.id.in_(session_ids), BillingSession.ended_at.is_(None))
+        .values(last_seen_at=at)
+    )
+
+
+def sessions(
+    db: Session,
+    username: str | None,
+    state: str | None = None,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[SessionRecord]:
+    """Sessions newest first; ``username`` None means everyone, ``state`` running|ended;
+    ``since``/``until`` keep those that overlap that time range."""
+    query = select(BillingSession)
+    if username is not None:
+        query = query.where(BillingSession.username == username)
+    if state == "running":
+        query = query.where(BillingSession.ended_at.is_(None))
+    elif state == "ended":
+        query = query.where(BillingSession.ended_at.is_not(None))
+    if since is not None:
+        query = query.where((BillingSession.ended_at.is_(None)) | (BillingSession.ended_at > since))
+    if until is not None:
+        query = query.where(BillingSession.started_at < until)
+    query = query.order_by(BillingSession.started_at.desc(), BillingSession.id.desc())
+    return [session_record(row) for row in db.scalars(query)]
