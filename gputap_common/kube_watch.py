@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -18,13 +17,6 @@ from kubernetes_asyncio.client import ApiException
 
 #: the event types that carry an object
 OBJECT_EVENTS = ("ADDED", "MODIFIED", "DELETED")
-
-
-def parse_kube_time(value: str | None) -> datetime | None:
-    """A Kubernetes RFC 3339 time ("2026-11-29T19:00:00Z") as an aware datetime."""
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 async def list_objects(method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from gputap_common.kube_watch import parse_kube_time
 from gputap_common.labels import (
     COUNT,
     COURSE,
@@ -23,6 +22,7 @@ from gputap_common.labels import (
     TERMINAL_PHASES,
     USER,
 )
+from gputap_common.times import parse_kube_time
 
 from .pricing import SERVER_PRICE_CLASSES
 

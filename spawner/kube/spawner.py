@@ -25,7 +25,7 @@ from tornado import web
 from traitlets import Integer, Unicode
 
 from gputap_common import labels
-from gputap_common.kube_watch import parse_kube_time
+from gputap_common.times import parse_kube_time
 
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord

@@ -16,7 +16,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 
 from gputap_common import clock
-from gputap_common.kube_watch import list_objects, parse_kube_time, watch_objects
+from gputap_common.kube_watch import list_objects, watch_objects
+from gputap_common.times import parse_kube_time
 
 from ..core.catalog import Catalog
 from .inventory import ClusterInventory

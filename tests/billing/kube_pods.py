@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from gputap_common.kube_watch import parse_kube_time as parse_time
+from gputap_common.times import parse_kube_time as parse_time
 from tests.kube_sim.store import WatchEvent
 
 NAMESPACE = "gputap"
