@@ -158,25 +158,12 @@ class Settings:
             raise SettingsError(f"{name!r} is not a settings section")
         return value
 
-    @property
-    def hub(self) -> dict[str, Any]:
-        return self.section("hub")
-
-    @property
-    def billing(self) -> dict[str, Any]:
-        return self.section("billing")
-
-    @property
-    def spawner(self) -> dict[str, Any]:
-        return self.section("spawner")
-
-    @property
-    def courses(self) -> dict[str, Any]:
-        return self.section("courses")
-
-    @property
-    def catalog(self) -> dict[str, Any]:
-        return self.section("catalog")
+    # the sections every part reads, each a mapping (each key as the schema declares it)
+    hub = property(lambda self: self.section("hub"))
+    billing = property(lambda self: self.section("billing"))
+    spawner = property(lambda self: self.section("spawner"))
+    courses = property(lambda self: self.section("courses"))
+    catalog = property(lambda self: self.section("catalog"))
 
 
 def load_settings(

@@ -34,14 +34,16 @@ from tornado import web
 from gputap_common import clock, scopes
 
 from ..core.disks import Disk, DiskError, check_new_disk
-from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUnavailable
+from ..lifecycle.billing_client import (
+    DISK_SKU,
+    STORAGE_CLASS,
+    BillingClient,
+    BillingRefused,
+    BillingUnavailable,
+)
 from ..lifecycle.change import restart_with
 from ..lifecycle.change import status as change_status
 from .base import API_PATH, GPUTapAPIHandler
-
-#: billing's storage SKU and price class (per GB-hour, count = GB)
-DISK_SKU = "disk"
-STORAGE_CLASS = "storage"
 
 PENDING = {"spawn": "starting", "stop": "stopping", "check": "starting"}
 # disk changes of one user, one at a time (the hub is one process)
@@ -152,14 +154,8 @@ class DisksHandler(DiskAPIHandler):
             session_id = str(uuid.uuid4())
             started_at = clock.utcnow()
             try:
-                await spawner.billing.start_session(
-                    session_id,
-                    user.name,
-                    f"disk:{name}",
-                    DISK_SKU,
-                    size_gb,
-                    started_at,
-                    STORAGE_CLASS,
+                await spawner.billing.start_storage_session(
+                    session_id, user.name, name, size_gb, started_at
                 )
             except BillingUnavailable as e:
                 # billing may have stored the session before its answer was lost

@@ -57,25 +57,19 @@ def user_label(user: str) -> str:
     return safe_slug(user, is_valid=is_valid_label)
 
 
-def claim_body(
-    user: str,
-    name: str,
-    size_gb: int,
-    created_at: datetime,
-    billing_session_id: str | None = None,
-    storage_class: str = "",
-) -> dict[str, Any]:
-    """The PersistentVolumeClaim of a new disk. Pure."""
+def claim_body(user: str, disk: Disk, storage_class: str = "") -> dict[str, Any]:
+    """The PersistentVolumeClaim of ``user``'s new ``disk`` (what :func:`disk_from_claim`
+    reads back). Pure."""
     annotations = {
         keys.HUB_USERNAME: user,
-        keys.DISK_NAME: name,
-        keys.CREATED_AT: created_at.isoformat(),
+        keys.DISK_NAME: disk.name,
+        keys.CREATED_AT: disk.created_at.isoformat(),
     }
-    if billing_session_id:
-        annotations[keys.BILLING_SESSION] = billing_session_id
+    if disk.billing_session_id:
+        annotations[keys.BILLING_SESSION] = disk.billing_session_id
     spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": f"{size_gb}Gi"}},
+        "resources": {"requests": {"storage": f"{disk.size_gb}Gi"}},
     }
     if storage_class:
         spec["storageClassName"] = storage_class
@@ -83,7 +77,7 @@ def claim_body(
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {
-            "name": claim_name(user, name),
+            "name": claim_name(user, disk.name),
             "labels": {
                 keys.MANAGED_BY: "gputap",
                 keys.DISK: "true",
@@ -232,9 +226,8 @@ class KubeDiskStore:
             size = check_new_disk(
                 await self.list(user), name, size_gb, self.max_size_gb, self.max_disks
             )
-            body = claim_body(
-                user, name, size, datetime.now(UTC), billing_session_id, self.storage_class
-            )
+            new = Disk(name, size, datetime.now(UTC), billing_session_id=billing_session_id)
+            body = claim_body(user, new, self.storage_class)
             try:
                 created = await self._call(
                     "create_namespaced_persistent_volume_claim", self.namespace, body, expect=409

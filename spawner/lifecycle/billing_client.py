@@ -16,9 +16,14 @@ from urllib.parse import quote, urlencode
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from ..core.record import ServerRecord
+
 log = logging.getLogger(__name__)
 
 PRICE_CACHE_SECONDS = 10
+#: billing's SKU and price class of data disks (per GB-hour, count = GB)
+DISK_SKU = "disk"
+STORAGE_CLASS = "storage"
 _price_cache: dict[tuple[str, str, tuple[str, ...]], tuple[float, tuple[dict[str, int], int]]] = {}
 
 
@@ -114,24 +119,20 @@ class BillingClient:
     async def account(self, username: str) -> dict[str, Any]:
         return await self._call("GET", f"api/accounts/{quote(username, safe='')}")
 
-    async def admit(
-        self,
-        username: str,
-        sku: str,
-        count: int,
-        price_class: str = "on-demand",
-        idempotency_key: str | None = None,
-        course: str = "",
-    ) -> dict[str, Any]:
-        """Admit a spawn, placing a hold on the minimum billable period's cost (``hold_id``
-        in the answer; with ``idempotency_key`` the hold's id is that key, and asking again
-        answers with the same hold). Raises BillingRefused with billing's explanation when
-        credit, less the holds of other spawns in progress, does not cover it."""
-        body = {"username": username, "sku": sku, "count": count, "price_class": price_class}
-        if idempotency_key:
-            body["idempotency_key"] = idempotency_key
-        if course:  # the course pays, if its rules allow this spawn
-            body["course"] = course
+    async def admit(self, username: str, record: ServerRecord) -> dict[str, Any]:
+        """Admit the start of ``record``, placing a hold on the minimum billable period's
+        cost (``hold_id`` in the answer: the record's session id, so asking again answers
+        with the same hold). Raises BillingRefused with billing's explanation when credit
+        (or the course), less the holds of other spawns in progress, does not cover it."""
+        body = {
+            "username": username,
+            "sku": record.offering,
+            "count": record.count,
+            "price_class": record.price_class,
+            "idempotency_key": record.session_id,
+        }
+        if record.course:  # the course pays, if its rules allow this spawn
+            body["course"] = record.course
         return await self._call("POST", "api/admission", body)
 
     async def courses(self, username: str) -> dict[str, Any]:
@@ -143,32 +144,38 @@ class BillingClient:
         return await self._call("DELETE", f"api/holds/{quote(hold_id, safe='')}")
 
     async def start_session(
-        self,
-        session_id: str,
-        username: str,
-        server_name: str,
-        sku: str,
-        count: int,
-        started_at: datetime,
-        price_class: str = "on-demand",
-        hold_id: str | None = None,
-        course: str = "",
+        self, username: str, server_name: str, record: ServerRecord
     ) -> dict[str, Any]:
-        """Open a session; with ``hold_id`` the admission's hold becomes the session;
-        ``course`` pays for it."""
+        """Open the session of ``record`` from its ``started_at``; its admission's hold (if
+        it still has one) becomes the session; its course (if any) pays."""
         body = {
-            "price_class": price_class,
-            "id": session_id,
+            "id": record.session_id,
             "username": username,
             "server_name": server_name,
-            "sku": sku,
-            "count": count,
+            "sku": record.offering,
+            "count": record.count,
+            "price_class": record.price_class,
+            "started_at": record.started_at.isoformat(),
+        }
+        if record.hold_id:
+            body["hold_id"] = record.hold_id
+        if record.course:
+            body["course"] = record.course
+        return await self._call("POST", "api/sessions", body)
+
+    async def start_storage_session(
+        self, session_id: str, username: str, disk: str, size_gb: int, started_at: datetime
+    ) -> dict[str, Any]:
+        """Start metering a data disk: sku ``disk`` per GB-hour, ``count`` its size."""
+        body = {
+            "id": session_id,
+            "username": username,
+            "server_name": f"disk:{disk}",
+            "sku": DISK_SKU,
+            "count": size_gb,
+            "price_class": STORAGE_CLASS,
             "started_at": started_at.isoformat(),
         }
-        if hold_id:
-            body["hold_id"] = hold_id
-        if course:
-            body["course"] = course
         return await self._call("POST", "api/sessions", body)
 
     async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from tornado import web
 
 from gputap_common import clock
 
-from ..core.placement import Placement
 from ..core.record import ServerRecord
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 
@@ -39,25 +38,18 @@ class Metering:
         self.who = who
         self.log = log
 
-    async def admit(self, record: ServerRecord, placement: Placement) -> None:
+    async def admit(self, record: ServerRecord) -> None:
         """Ask billing whether the user's credit (or the course) covers the minimum billable
         period. Billing holds that much until the session opens; the hold's id goes on the
         record, to be released if the start fails. 402/400 with billing's reason when not."""
         # the session id names the hold: if the answer is lost, the hold can still be released
-        key = record.session_id
         try:
-            answer = await self.billing.admit(
-                self.user,
-                placement.offering.key,
-                placement.count,
-                record.price_class,
-                key,
-                record.course,
-            )
+            answer = await self.billing.admit(self.user, record)
         except BillingRefused as e:
             raise web.HTTPError(402 if e.status == 402 else 400, e.message) from None
         except BillingUnavailable as e:
-            record.hold_id = key  # billing may have placed it before failing to answer
+            # billing may have placed the hold before failing to answer
+            record.hold_id = record.session_id
             raise unavailable_error(e) from None
         record.hold_id = answer["hold_id"]
 
@@ -67,17 +59,7 @@ class Metering:
         ``started_at`` goes on the record first: if the call fails or is cancelled after
         billing stored the session, :meth:`settle` closes it at zero seconds."""
         record.started_at = started_at
-        await self.billing.start_session(
-            record.session_id,
-            self.user,
-            self.server,
-            record.offering,
-            record.count,
-            started_at,
-            record.price_class,
-            record.hold_id,
-            record.course,
-        )
+        await self.billing.start_session(self.user, self.server, record)
         record.hold_id = None  # the hold is the session now: nothing left to release
 
     async def settle(self, record: ServerRecord, ended_at: datetime) -> dict[str, Any] | None:

@@ -260,7 +260,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         )
         self._launching, launched = True, False
         try:
-            await self.metering.admit(record, placement)
+            await self.metering.admit(record)
             self.notice = ""  # admitted: why the last server stopped is old news
             url = await self.launch(placement)
             launched = True
