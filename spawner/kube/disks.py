@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 from kubespawner.slugs import is_valid_label, safe_slug
 
+from gputap_common import clock
 from gputap_common import labels as keys
 
 from ..core.disks import (
@@ -226,7 +227,7 @@ class KubeDiskStore:
             size = check_new_disk(
                 await self.list(user), name, size_gb, self.max_size_gb, self.max_disks
             )
-            new = Disk(name, size, datetime.now(UTC), billing_session_id=billing_session_id)
+            new = Disk(name, size, clock.utcnow(), billing_session_id=billing_session_id)
             body = claim_body(user, new, self.storage_class)
             try:
                 created = await self._call(

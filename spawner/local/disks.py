@@ -14,9 +14,10 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+
+from gputap_common import clock
 
 from ..core.dirnames import safe_dirname
 from ..core.disks import (
@@ -141,7 +142,7 @@ class LocalDiskStore:
                     f"A folder named {name!r} is in the way on the hub's disk store; pick "
                     "another name, or ask an operator to look at it."
                 ) from None
-            disk = Disk(name, size, datetime.now(UTC), None, billing_session_id, 0)
+            disk = Disk(name, size, clock.utcnow(), None, billing_session_id, 0)
             try:
                 self._write(user, disk)
             except BaseException:
