@@ -29,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .domain.pricing import ON_DEMAND
+
 # Stable constraint names, so migrations can address them (as in jupyterhub/orm.py).
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -124,7 +126,7 @@ class BillingSession(Base):
     sku: Mapped[str] = mapped_column(String(255))
     count: Mapped[int] = mapped_column(Integer)
     price_per_hour_micro: Mapped[int] = mapped_column(BigInteger)
-    price_class: Mapped[str] = mapped_column(String(32), default="on-demand")
+    price_class: Mapped[str] = mapped_column(String(32), default=ON_DEMAND)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
     billed_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -13,7 +13,7 @@ from typing import Any
 from tornado import web
 
 from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
-from ..domain.pricing import PRICE_CLASSES
+from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
 #: idempotency keys join several fields ("user:{username}:allowance:{course}", "grant:{key}",
@@ -101,7 +101,7 @@ def parse_time(text: str, what: str) -> datetime:
 
 def price_class_field(body: dict[str, Any]) -> str:
     """``on-demand`` (the default), ``spot``, or ``storage`` (data disks, sku ``disk``)."""
-    value = body.get("price_class", "on-demand")
+    value = body.get("price_class", ON_DEMAND)
     if value not in PRICE_CLASSES:
         raise web.HTTPError(
             400,

@@ -13,10 +13,11 @@ from sqlalchemy.orm import Session
 
 from ..domain import ledger
 from ..domain.errors import NotFound
-from ..domain.records import AccountState, SessionRecord
+from ..domain.records import AccountState, Saved, SessionRecord
 from ..orm import Account, BillingSession, Hold, LedgerAccount
 from . import postings
 from .rows import session_record
+from .terms import Terms
 
 ACCOUNTS = Account.__table__
 SESSIONS = BillingSession.__table__
@@ -123,6 +124,18 @@ def states(
 def state(db: Session, account: Account, now: datetime) -> AccountState:
     """The state of one account at ``now``."""
     return states(db, [account], now)[0]
+
+
+def open_state(db: Session, username: str, now: datetime, *, terms: Terms) -> Saved[AccountState]:
+    """Open ``username``'s account with trial credit once; True when it was created."""
+    account, created = open_account(db, username, now, terms.trial_credit_micro)
+    db.flush()
+    return state(db, account, now), created
+
+
+def account_state(db: Session, username: str, now: datetime) -> AccountState:
+    """The account of ``username``; ``NotFound`` when it was never opened."""
+    return state(db, require(db, username), now)
 
 
 def all_states(db: Session, now: datetime) -> list[AccountState]:

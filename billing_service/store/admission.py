@@ -136,7 +136,7 @@ def hold_started(
         held.session_id = session_id
 
 
-def release_hold(db: Session, hold_id: str, now: datetime, reason: str) -> HoldRecord:
+def release_hold(db: Session, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
     """Give a hold's credit back (a start failed); a released hold stays as it was."""
     row = db.get(Hold, hold_id, with_for_update=True)
     if row is None:

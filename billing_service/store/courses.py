@@ -31,7 +31,7 @@ from ..domain.courses import (
 )
 from ..domain.errors import NotFound
 from ..domain.money import billed_seconds, cost_micro
-from ..domain.records import TransactionRecord
+from ..domain.records import Saved, TransactionRecord
 from ..orm import (
     Account,
     BillingSession,
@@ -148,13 +148,13 @@ def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
 
 
 def enroll(
-    db: Session, slug: str, username: str, source: str, now: datetime, trial_credit_micro: int
+    db: Session, slug: str, username: str, source: str, now: datetime, *, terms: Terms
 ) -> bool:
     """Make ``username`` a student (their billing account opens too); True when new."""
     row = course_row(db, slug)
     if row.archived_at is not None:
         raise ValueError(f"{row.name} is archived and takes no new students")
-    accounts.open_account(db, username, now, trial_credit_micro)
+    accounts.open_account(db, username, now, terms.trial_credit_micro)
     if db.get(Enrollment, (slug, username)) is not None:
         return False
     db.add(
@@ -218,8 +218,9 @@ def extra_hours(
     key: str,
     by: str,
     now: datetime,
+    *,
     terms: Terms,
-) -> tuple[TransactionRecord, bool]:
+) -> Saved[TransactionRecord]:
     """Grant ``username`` extra hours of the reference option for this week only, under
     ``grant:{key}``; a replay returns the first grant (False)."""
     row = course_row(db, slug)
@@ -353,7 +354,9 @@ def running_students(db: Session) -> list[tuple[str, str]]:
 # -- what students and instructors see -------------------------------------------------------
 
 
-def student_courses(db: Session, username: str, now: datetime, terms: Terms) -> list[StudentCourse]:
+def student_courses(
+    db: Session, username: str, now: datetime, *, terms: Terms
+) -> list[StudentCourse]:
     """The user's active courses with what is left this week (weeks granted first)."""
     account = accounts.find(db, username)
     rows = db.execute(

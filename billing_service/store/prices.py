@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..domain.pricing import PriceBook, make_price_book
-from ..domain.records import PriceBookRecord
+from ..domain.records import PriceBookRecord, Saved
 from ..orm import PriceBookVersion
 
 
@@ -77,7 +77,7 @@ def price_books(db: Session) -> list[PriceBookRecord]:
 
 def publish(
     db: Session, book: PriceBook, created_by: str, source: str, now: datetime
-) -> tuple[PriceBookRecord, bool]:
+) -> Saved[PriceBookRecord]:
     """Record ``book`` as the newest version unless it equals the newest one already (False)."""
     text = book_json(book)
     latest = db.scalar(select(PriceBookVersion).order_by(PriceBookVersion.version.desc()).limit(1))
