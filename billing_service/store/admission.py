@@ -21,6 +21,7 @@ from ..domain.errors import NotFound
 from ..domain.records import AccountState, HoldRecord
 from ..orm import Account, BillingSession, Course, Enrollment, Hold
 from . import accounts, courses
+from .operations import reads, writes
 from .rows import hold_record
 from .terms import Terms
 
@@ -136,6 +137,7 @@ def hold_started(
         held.session_id = session_id
 
 
+@writes
 def release_hold(db: Session, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
     """Give a hold's credit back (a start failed); a released hold stays as it was."""
     row = db.get(Hold, hold_id, with_for_update=True)
@@ -148,6 +150,7 @@ def release_hold(db: Session, hold_id: str, now: datetime, reason: str = "releas
     return hold_record(row, username)
 
 
+@reads(name="holds")
 def active_holds(db: Session, username: str, now: datetime) -> list[HoldRecord]:
     """Active holds of ``username``, oldest first; ``NotFound`` for no account."""
     account = accounts.require(db, username)

@@ -45,6 +45,7 @@ from ..orm import (
     Posting,
 )
 from . import accounts, charges, postings, prices
+from .operations import reads, writes
 from .rows import course_record, session_record
 from .terms import Terms
 
@@ -71,11 +72,13 @@ def course_of(db: Session, row: Course) -> CourseRecord:
     return course_record(row, names)
 
 
+@reads
 def course(db: Session, slug: str) -> CourseRecord:
     """Course ``slug``; ``NotFound`` when there is none."""
     return course_of(db, course_row(db, slug))
 
 
+@reads
 def courses(
     db: Session, *, instructor: str | None = None, student: str | None = None
 ) -> list[CourseRecord]:
@@ -90,16 +93,19 @@ def courses(
     return [course_of(db, row) for row in db.scalars(query)]
 
 
+@reads
 def teaches(db: Session, username: str, slug: str) -> bool:
     """Whether ``username`` is an instructor of course ``slug``."""
     return db.get(CourseInstructor, (slug, username)) is not None
 
 
+@reads
 def is_instructor(db: Session, username: str) -> bool:
     """Made an instructor by an admin (GitHub-team instructors have the hub's scope)."""
     return db.get(Instructor, username) is not None
 
 
+@writes
 def make_instructor(db: Session, username: str, granted_by: str, now: datetime) -> bool:
     """Make ``username`` an instructor; False when they were one already."""
     if db.get(Instructor, username) is not None:
@@ -111,6 +117,7 @@ def make_instructor(db: Session, username: str, granted_by: str, now: datetime) 
 # -- instructors' actions --------------------------------------------------------------------
 
 
+@writes
 def create_course(
     db: Session, instructor: str, rules: CourseRules, slug: str, now: datetime, join_code: bool
 ) -> CourseRecord:
@@ -138,6 +145,7 @@ def create_course(
     return course_of(db, row)
 
 
+@writes
 def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
     """No new servers and no new weeks for it; its records stay."""
     row = course_row(db, slug)
@@ -147,6 +155,7 @@ def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
     return course_of(db, row)
 
 
+@writes
 def enroll(
     db: Session, slug: str, username: str, source: str, now: datetime, *, terms: Terms
 ) -> bool:
@@ -190,6 +199,7 @@ def try_join(db: Session, username: str, code: str, now: datetime) -> CourseReco
     return course_of(db, row)
 
 
+@writes
 def set_fallback(db: Session, slug: str, username: str, fallback: bool) -> None:
     """The student's choice: their own credit pays on when course hours run out."""
     row = db.get(Enrollment, (slug, username))
@@ -198,6 +208,7 @@ def set_fallback(db: Session, slug: str, username: str, fallback: bool) -> None:
     row.fallback = fallback
 
 
+@reads
 def students(db: Session, slug: str) -> list[tuple[str, str, bool]]:
     """(username, how they joined, fallback) of a course's students."""
     course_row(db, slug)
@@ -209,6 +220,7 @@ def students(db: Session, slug: str) -> list[tuple[str, str, bool]]:
     ]
 
 
+@writes
 def extra_hours(
     db: Session,
     slug: str,
@@ -354,6 +366,7 @@ def running_students(db: Session) -> list[tuple[str, str]]:
 # -- what students and instructors see -------------------------------------------------------
 
 
+@writes
 def student_courses(
     db: Session, username: str, now: datetime, *, terms: Terms
 ) -> list[StudentCourse]:
@@ -385,6 +398,7 @@ def student_courses(
     return result
 
 
+@reads
 def roster_usage(
     db: Session, slug: str, at: datetime
 ) -> tuple[CourseRecord, datetime, datetime, list[dict[str, Any]]]:

@@ -11,15 +11,14 @@ from the database session.
 :class:`Store` owns the engine and the transactions; the work of each operation is a function
 of a database session in the section modules beside this one (accounts, funding, prices,
 admission, sessions, charges, courses, check), and the decisions are pure, in
-:mod:`billing_service.domain`. Most methods are that function itself, made a method by
-:func:`reads` or :func:`writes`: its parameters (less the session and the store's
-:class:`~.terms.Terms`) and its docstring are the method's.
+:mod:`billing_service.domain`. Most methods are that function itself, marked in its
+section with ``@reads`` or ``@writes`` (:mod:`.operations`): its parameters (less the session
+and the store's :class:`~.terms.Terms`) and its docstring are the method's. The methods
+written here do more than run one such function.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import random
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,14 +37,12 @@ from ..domain.money import cost_micro
 from ..domain.pricing import ON_DEMAND, PriceBook, check_price_class
 from ..domain.records import PriceBookRecord, Saved, TransactionRecord
 from . import accounts, admission, charges, check, courses, funding, postings, prices, sessions
+from .operations import operations
 from .terms import Terms
 
 T = TypeVar("T")
 
 WRITE_ATTEMPTS = 4
-
-#: the parameters of a section function that the store fills in, not its callers
-_STORE_PARAMETERS = ("db", "terms")
 
 
 def _deadlock(error: OperationalError) -> bool:
@@ -53,45 +50,15 @@ def _deadlock(error: OperationalError) -> bool:
     return getattr(error.orig, "sqlstate", None) in ("40P01", "40001")
 
 
-def _method(work: Callable[..., T], runner: str) -> Callable[..., T]:
-    """A :class:`Store` method that runs the section function ``work(db, ...)`` with
-    ``runner`` (``_read`` or ``_run``) and, when ``work`` takes them, the store's ``terms``.
-    The method answers to ``work``'s name, docstring and signature (less ``db`` and
-    ``terms``), so callers and ``help()`` see one declaration of each operation."""
-    signature = inspect.signature(work)
-    takes_terms = "terms" in signature.parameters
-
-    @functools.wraps(work)
-    def method(self: Store, *args: Any, **kwargs: Any) -> T:
-        if takes_terms:
-            kwargs["terms"] = self._terms
-        return getattr(self, runner)(work, *args, **kwargs)
-
-    parameters = [p for name, p in signature.parameters.items() if name not in _STORE_PARAMETERS]
-    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    method.__signature__ = signature.replace(parameters=[this, *parameters])
-    method.__qualname__ = f"Store.{work.__name__}"
-    method.__module__ = __name__
-    return method
-
-
-def reads(work: Callable[..., T]) -> Callable[..., T]:
-    """``work(db, ...)`` as a Store method on a session of its own, writing nothing."""
-    return _method(work, "_read")
-
-
-def writes(work: Callable[..., T]) -> Callable[..., T]:
-    """``work(db, ...)`` as a Store method in one write transaction, retried (``_write``)."""
-    return _method(work, "_run")
-
-
 def _term(name: str, doc: str) -> property:
     """A read-only property for one of the store's :class:`~.terms.Terms`."""
     return property(lambda self: getattr(self._terms, name), doc=doc)
 
 
+@operations(accounts, funding, postings, prices, admission, sessions, courses, check)
 class Store:
-    """Billing operations on one database."""
+    """Billing operations on one database: the methods written here, and those the
+    sections mark (``@reads``, ``@writes``; :mod:`.operations`)."""
 
     def __init__(
         self,
@@ -156,27 +123,13 @@ class Store:
         """``work(db, *args, **kwargs)`` in one write transaction (:meth:`_write`)."""
         return self._write(lambda db: work(db, *args, **kwargs))
 
-    # -- accounts --------------------------------------------------------------------------
-
-    # (a method named like its section module comes last: in the class body the name is
-    # the module until then)
-    open_account = writes(accounts.open_state)
-    account = reads(accounts.account_state)
-    accounts_with_running_sessions = reads(accounts.running_states)
-    accounts = reads(accounts.all_states)
-
     # -- funding ---------------------------------------------------------------------------
-
-    grant = writes(funding.grant)
 
     def adjust(
         self, username: str, amount_micro: int, reason: str, idempotency_key: str, now: datetime
     ) -> Saved[TransactionRecord]:
         """An admin's signed adjustment of the paid pool (``grant`` of kind adjustment)."""
         return self.grant(username, "adjustment", amount_micro, reason, idempotency_key, now)
-
-    transactions = reads(funding.transactions)
-    revenue_micro = reads(postings.revenue_micro)
 
     # -- price books -----------------------------------------------------------------------
 
@@ -185,9 +138,6 @@ class Store:
 
         Before any version is recorded, the settings' book (version None)."""
         return self._read(prices.book_at, when, self.settings_price_book)
-
-    price_books = reads(prices.price_books)
-    publish_price_book = writes(prices.publish)
 
     def sync_price_book(self, now: datetime) -> PriceBookRecord:
         """At start-up: the settings' book becomes a new version if it changed since the
@@ -254,13 +204,7 @@ class Store:
             refusal=refusal,
         )
 
-    release_hold = writes(admission.release_hold)
-    holds = reads(admission.active_holds)
-
     # -- sessions --------------------------------------------------------------------------
-
-    start_session = writes(sessions.start_session)
-    stop_session = writes(sessions.stop_session)
 
     def post_interval_charges(
         self, now: datetime, interval_seconds: int, batch_size: int = 200, workers: int = 1
@@ -292,24 +236,12 @@ class Store:
             self._write, self._terms.revenue, now, interval_seconds, batch_size, shard
         )
 
-    running_count = reads(sessions.running_count)
-
     def mark_seen(self, session_ids: list[str], at: datetime) -> None:
         """Record that the servers of ``session_ids`` were seen running at ``at``."""
         if session_ids:
             self._run(sessions.mark_seen, session_ids, at)
 
-    sessions = reads(sessions.sessions)
-
     # -- courses ---------------------------------------------------------------------------
-
-    course = reads(courses.course)
-    teaches = reads(courses.teaches)
-    is_instructor = reads(courses.is_instructor)
-    make_instructor = writes(courses.make_instructor)
-    create_course = writes(courses.create_course)
-    archive_course = writes(courses.archive_course)
-    enroll = writes(courses.enroll)
 
     def enroll_by_groups(self, username: str, groups: list[str], now: datetime) -> list[str]:
         """At login: enrol ``username`` in every active course bound to one of their teams."""
@@ -332,10 +264,6 @@ class Store:
         self.enroll(course.slug, username, "code", now)
         return course
 
-    set_fallback = writes(courses.set_fallback)
-    students = reads(courses.students)
-    extra_hours = writes(courses.extra_hours)
-
     def roll_course_weeks(self, now: datetime) -> int:
         """Grant the new week to every student with a running course session (the charge
         pass runs this first, so a session crossing the boundary is split there)."""
@@ -348,10 +276,4 @@ class Store:
             )
         return len(pairs)
 
-    student_courses = writes(courses.student_courses)
-    roster_usage = reads(courses.roster_usage)
-    courses = reads(courses.courses)
-
     # -- the ledger check ------------------------------------------------------------------
-
-    check_ledger = reads(check.check_ledger)

@@ -12,8 +12,10 @@ from ..domain import ledger
 from ..domain.records import Saved, TransactionRecord
 from ..orm import LedgerTransaction
 from . import accounts, postings
+from .operations import reads, writes
 
 
+@writes
 def grant(
     db: Session,
     username: str,
@@ -54,6 +56,7 @@ def grant(
     return postings.transaction_record(db, tx), True
 
 
+@reads
 def transactions(db: Session, username: str) -> list[TransactionRecord]:
     """The ledger of ``username``, oldest first; ``NotFound`` for no account."""
     account = accounts.require(db, username)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from ..domain import ledger
 from ..domain.records import TransactionRecord
 from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
+from .operations import reads
 
 LEDGER_ACCOUNTS = LedgerAccount.__table__
 
@@ -62,6 +63,7 @@ class RevenueShards:
         return ids
 
 
+@reads
 def revenue_micro(db: Session) -> int:
     """All charges so far, net of what final charges gave back: the sum of the shards."""
     total = db.scalar(

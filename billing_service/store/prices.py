@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from ..domain.pricing import PriceBook, make_price_book
 from ..domain.records import PriceBookRecord, Saved
 from ..orm import PriceBookVersion
+from .operations import reads, writes
 
 
 def book_json(book: PriceBook) -> str:
@@ -67,6 +68,7 @@ def book_at(
     return record.version, record.book
 
 
+@reads
 def price_books(db: Session) -> list[PriceBookRecord]:
     """Every published version, newest first."""
     versions = db.scalars(
@@ -75,6 +77,7 @@ def price_books(db: Session) -> list[PriceBookRecord]:
     return [book_record(db, v) for v in versions]
 
 
+@writes(name="publish_price_book")
 def publish(
     db: Session, book: PriceBook, created_by: str, source: str, now: datetime
 ) -> Saved[PriceBookRecord]:

@@ -22,10 +22,12 @@ from ..domain.records import Saved, SessionRecord
 from ..orm import BillingSession, Course, Enrollment
 from . import accounts, charges, courses, prices
 from .admission import hold_started
+from .operations import reads, writes
 from .rows import session_record
 from .terms import Terms
 
 
+@writes
 def start_session(
     db: Session,
     session_id: str,
@@ -87,6 +89,7 @@ def start_session(
     return session_record(row), True
 
 
+@writes
 def stop_session(
     db: Session, session_id: str, ended_at: datetime, now: datetime, *, terms: Terms
 ) -> SessionRecord:
@@ -116,6 +119,7 @@ def stop_session(
     return session_record(row)
 
 
+@reads
 def running_count(db: Session) -> int:
     """How many sessions are open."""
     return db.scalar(
@@ -132,6 +136,7 @@ def mark_seen(db: Session, session_ids: list[str], at: datetime) -> None:
     )
 
 
+@reads
 def sessions(
     db: Session,
     username: str | None,
