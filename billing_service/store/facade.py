@@ -30,14 +30,14 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..domain import ledger
-from ..domain.admission import Admission, check_admission_request, decide
+from ..domain.admission import Admission, Claim, check_admission_request, decide
 from ..domain.courses import JOIN_WINDOW, CourseRecord
 from ..domain.errors import JoinRateLimited
 from ..domain.money import cost_micro
 from ..domain.pricing import ON_DEMAND, PriceBook, check_price_class
 from ..domain.records import PriceBookRecord, Saved, TransactionRecord
 from . import accounts, admission, charges, check, courses, funding, postings, prices, sessions
-from .operations import operations
+from .operations import WRITE, method, operations
 from .terms import Terms
 
 T = TypeVar("T")
@@ -177,32 +177,14 @@ class Store:
         check_admission_request(sku, price_class)
         price = self.price(sku, price_class)
         needed = cost_micro(price, count, self.min_billable_seconds)
-        state, placed, replayed, refusal = self._run(
-            admission.admit,
-            username,
-            sku,
-            count,
-            now,
-            price_class,
-            needed_micro=needed,
-            hold=hold,
-            idempotency_key=idempotency_key,
-            course=course,
-            terms=self._terms,
+        claim = Claim(sku, count, price_class, price, needed)
+        judged = self._judge(
+            username, claim, now, hold=hold, idempotency_key=idempotency_key, course=course
         )
-        return decide(
-            state,
-            sku=sku,
-            count=count,
-            price_per_hour_micro=price,
-            needed_micro=needed,
-            now=now,
-            min_billable_seconds=self.min_billable_seconds,
-            course=course,
-            hold=placed,
-            replayed=replayed,
-            refusal=refusal,
-        )
+        return decide(judged, claim, now, self.min_billable_seconds, course)
+
+    #: the admission's transaction: the facts judged, the hold placed
+    _judge = method(admission.admit, WRITE, "_judge")
 
     # -- sessions --------------------------------------------------------------------------
 
