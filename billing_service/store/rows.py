@@ -8,8 +8,9 @@ from dataclasses import fields
 from typing import Any
 
 from ..domain.courses import CourseRecord
+from ..domain.pod_facts import MeteredSession
 from ..domain.records import HoldRecord, SessionRecord
-from ..orm import Course, Hold
+from ..orm import BillingSession, Course, Hold, SessionPod
 
 # the columns named like the records' fields, looked up once: enforcement converts every
 # open session every few seconds
@@ -18,6 +19,9 @@ _HOLD_FIELDS = tuple(f.name for f in fields(HoldRecord) if f.name != "username")
 _COURSE_FIELDS = tuple(
     f.name for f in fields(CourseRecord) if f.name not in ("allowed", "instructors")
 )
+#: a metered session's fields from its pod's row, the rest from its session's
+_POD_FIELDS = tuple(f.name for f in fields(MeteredSession) if hasattr(SessionPod, f.name))
+_METERED_FIELDS = tuple(f.name for f in fields(MeteredSession) if f.name not in _POD_FIELDS)
 
 
 def _values(row: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -41,3 +45,8 @@ def course_record(row: Course, instructors: Iterable[str]) -> CourseRecord:
         instructors=tuple(sorted(instructors)),
         **_values(row, _COURSE_FIELDS),
     )
+
+
+def metered_session(pod: SessionPod, session: BillingSession) -> MeteredSession:
+    """An open session bound to ``pod`` as the pod meter reads it."""
+    return MeteredSession(**_values(pod, _POD_FIELDS), **_values(session, _METERED_FIELDS))
