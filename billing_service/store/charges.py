@@ -20,7 +20,7 @@ from ..domain import ledger
 from ..domain.money import billed_seconds, cost_micro
 from ..orm import Account, BillingSession, LedgerAccount, LedgerTransaction, Posting
 from . import postings
-from .charge_writes import write_charges, write_charges_postgresql
+from .charge_writes import ChargeBatch, write_charges, write_charges_postgresql
 
 T = TypeVar("T")
 
@@ -189,11 +189,11 @@ def charge_batch(
         if balance != pools[code][1]
     }
     moved[revenue_id] = sum(target - row.charged_micro for row, _, target in due)
-    charged = {row.id: target for row, _, target in due}
+    batch = ChargeBatch(tx_rows, splits, moved, {row.id: target for row, _, target in due})
     if _postgresql(db):
-        write_charges_postgresql(db, tx_rows, splits, moved, charged, now)
+        write_charges_postgresql(db, batch, now)
     else:
-        write_charges(db, tx_rows, splits, moved, charged)
+        write_charges(db, batch)
     return len(due)
 
 
