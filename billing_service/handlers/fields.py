@@ -118,3 +118,16 @@ def time_field(body: dict[str, Any], key: str) -> datetime:
 def time_argument(handler: web.RequestHandler, name: str) -> datetime | None:
     text = handler.get_argument(name, None)
     return None if text is None else parse_time(text, name)
+
+
+def spawn_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What an admission and a session start both name, by the store's parameter names: who
+    (``username``), what (``sku``, ``count``, ``price_class``) and the course that pays
+    (``course``, "" for none)."""
+    return {
+        "username": text_field(body, "username"),
+        "sku": text_field(body, "sku"),
+        "count": count_field(body),
+        "price_class": price_class_field(body),
+        "course": optional_text(body, "course") or "",
+    }

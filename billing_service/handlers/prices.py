@@ -50,8 +50,7 @@ class PricesHandler(APIHandler):
 class PriceBooksHandler(APIHandler):
     @web.authenticated
     async def get(self) -> None:
-        books = await self.blocking(self.store.price_books)
-        self.write_json({"price_books": [price_book_view(b) for b in books]})
+        await self.write_records("price_books", price_book_view, self.store.price_books)
 
     @web.authenticated
     async def post(self) -> None:
