@@ -10,7 +10,6 @@ enforcement's overrun, is written off too), then the new week is granted under t
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -46,7 +45,7 @@ from ..orm import (
 )
 from . import accounts, charges, postings, prices
 from .operations import reads, writes
-from .rows import course_record, session_record
+from .rows import course_record, new_course, session_record
 from .terms import Terms
 
 #: what :func:`try_join` answers instead of a course
@@ -124,21 +123,7 @@ def create_course(
     """A new course taught by ``instructor``; ``ValueError`` if the slug is taken."""
     if db.get(Course, slug) is not None:
         raise ValueError(f"slug: a course {slug!r} exists already; choose another slug")
-    row = Course(
-        slug=slug,
-        name=rules.name,
-        weekly_seconds=round(rules.weekly_hours * 3600),
-        allowed=json.dumps(list(rules.allowed)),
-        max_concurrent_gpus=rules.max_concurrent_gpus,
-        budget_cap_micro=rules.budget_cap_micro,
-        github_team=rules.github_team,
-        join_code=new_join_code() if join_code else None,
-        reset_weekday=rules.reset_weekday,
-        reset_time=rules.reset_time.strftime("%H:%M"),
-        timezone=rules.timezone,
-        created_by=instructor,
-        created_at=now,
-    )
+    row = new_course(rules, slug, new_join_code() if join_code else None, instructor, now)
     db.add(row)
     db.add(CourseInstructor(course=slug, username=instructor))
     db.flush()
