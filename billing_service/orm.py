@@ -29,6 +29,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from .domain.pricing import ON_DEMAND
+
 # Stable constraint names, so migrations can address them (as in jupyterhub/orm.py).
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -65,17 +67,24 @@ class UTCDateTime(TypeDecorator):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    #: every time column is UTCDateTime (nullable when the annotation is ``datetime | None``)
+    type_annotation_map = {datetime: UTCDateTime}
 
 
-class Account(Base):
+class IntegerKey:
+    """The surrogate primary key ``id`` of the tables whose rows no other system names."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, sort_order=-1)
+
+
+class Account(IntegerKey, Base):
     __tablename__ = "accounts"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
     username: Mapped[str] = mapped_column(String(255), unique=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
-class LedgerAccount(Base):
+class LedgerAccount(IntegerKey, Base):
     """One side of double entry: a user's funding pool, or a system counter-account.
 
     Codes: ``user:{username}:trial``, ``user:{username}:paid``,
@@ -87,7 +96,6 @@ class LedgerAccount(Base):
 
     __tablename__ = "ledger_accounts"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
     code: Mapped[str] = mapped_column(String(255), unique=True)
     account_id: Mapped[int | None] = mapped_column(
         ForeignKey("accounts.id"), nullable=True, index=True
@@ -124,20 +132,20 @@ class BillingSession(Base):
     sku: Mapped[str] = mapped_column(String(255))
     count: Mapped[int] = mapped_column(Integer)
     price_per_hour_micro: Mapped[int] = mapped_column(BigInteger)
-    price_class: Mapped[str] = mapped_column(String(32), default="on-demand")
-    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    price_class: Mapped[str] = mapped_column(String(32), default=ON_DEMAND)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None] = mapped_column(index=True)
     billed_seconds: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     cost_micro: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     charged_micro: Mapped[int] = mapped_column(BigInteger, default=0)
-    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    last_seen_at: Mapped[datetime | None]
     course: Mapped[str] = mapped_column(String(255), default="")
     #: a course session may go on on the student's own credit when course hours run out
     fallback: Mapped[bool] = mapped_column(Boolean, default=False)
     price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
-class LedgerTransaction(Base):
+class LedgerTransaction(IntegerKey, Base):
     """One movement of credit: postings that sum to zero, written once per idempotency key.
 
     Kinds: ``trial``, ``topup``, ``allowance``, ``refund``, ``adjustment`` (funding) and
@@ -147,7 +155,6 @@ class LedgerTransaction(Base):
 
     __tablename__ = "ledger_transactions"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
     idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
     kind: Mapped[str] = mapped_column(String(32))
     account_id: Mapped[int | None] = mapped_column(
@@ -158,15 +165,14 @@ class LedgerTransaction(Base):
     )
     memo: Mapped[str] = mapped_column(Text, default="")
     created_by: Mapped[str] = mapped_column(String(255), default="")
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    created_at: Mapped[datetime] = mapped_column(index=True)
 
 
-class Posting(Base):
+class Posting(IntegerKey, Base):
     """A signed amount on one ledger account, part of one transaction."""
 
     __tablename__ = "ledger_postings"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
     transaction_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id"), index=True)
     ledger_account_id: Mapped[int] = mapped_column(ForeignKey("ledger_accounts.id"), index=True)
     amount_micro: Mapped[int] = mapped_column(BigInteger)
@@ -183,9 +189,9 @@ class Hold(Base):
     count: Mapped[int] = mapped_column(Integer)
     price_class: Mapped[str] = mapped_column(String(32))
     amount_micro: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    released_at: Mapped[datetime | None] = mapped_column(index=True)
     release_reason: Mapped[str] = mapped_column(String(32), default="")
     session_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     course: Mapped[str] = mapped_column(String(255), default="")
@@ -197,7 +203,7 @@ class PriceBookVersion(Base):
     __tablename__ = "price_books"
 
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
     created_by: Mapped[str] = mapped_column(String(255))
     source: Mapped[str] = mapped_column(String(32))  # settings | admin
     book: Mapped[str] = mapped_column(Text)  # JSON: prices, spot_discount_percent, shared_percent
@@ -220,8 +226,8 @@ class Course(Base):
     reset_time: Mapped[str] = mapped_column(String(5))
     timezone: Mapped[str] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime]
+    archived_at: Mapped[datetime | None]
 
 
 class CourseInstructor(Base):
@@ -240,7 +246,7 @@ class Enrollment(Base):
     username: Mapped[str] = mapped_column(String(255), primary_key=True)
     source: Mapped[str] = mapped_column(String(32))  # team | code | instructor
     fallback: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
 class Instructor(Base):
@@ -250,17 +256,16 @@ class Instructor(Base):
 
     username: Mapped[str] = mapped_column(String(255), primary_key=True)
     granted_by: Mapped[str] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
-class JoinAttempt(Base):
+class JoinAttempt(IntegerKey, Base):
     """A join-code attempt that failed; too many in a window and joining is refused a while."""
 
     __tablename__ = "join_attempts"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
     username: Mapped[str] = mapped_column(String(255), index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
 class SessionPod(Base):
@@ -279,7 +284,7 @@ class SessionPod(Base):
     namespace: Mapped[str] = mapped_column(String(253))
     pod_name: Mapped[str] = mapped_column(String(253))
     pod_uid: Mapped[str] = mapped_column(String(64), index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime]
 
 
 def make_engine(url: str) -> Engine:

@@ -21,12 +21,35 @@ from .records import AccountState, HoldRecord
 
 
 @dataclass(frozen=True)
-class Admission:
-    allowed: bool
+class Claim:
+    """What an admission asks for: ``count`` x ``sku`` in ``price_class`` at its price now,
+    and the credit its minimum billable period needs (what a hold claims)."""
+
     sku: str
     count: int
+    price_class: str
     price_per_hour_micro: int
     needed_micro: int
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the store read and did for an admission, in its transaction: the account state
+    it was judged on, the hold placed (or the earlier one a replay found), whether it was a
+    replay, and a course's refusal."""
+
+    state: AccountState
+    hold: HoldRecord | None = None
+    replayed: bool = False
+    refusal: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission(Claim):
+    """The answer to an admission: its claim, whether it is allowed, and what the user is
+    told."""
+
+    allowed: bool
     available_micro: int
     seconds_left: int | None
     message: str
@@ -138,43 +161,36 @@ def credit_refusal(
 
 
 def decide(
-    state: AccountState,
-    *,
-    sku: str,
-    count: int,
-    price_per_hour_micro: int,
-    needed_micro: int,
-    now: datetime,
-    min_billable_seconds: int,
-    course: str,
-    hold: HoldRecord | None,
-    replayed: bool,
-    refusal: str | None,
+    judged: Judgement, claim: Claim, now: datetime, min_billable_seconds: int, course: str
 ) -> Admission:
-    """The answer to an admission, from the state it was judged on: admitted when a hold was
+    """The answer to an admission, from what it was judged on: admitted when a hold was
     placed (or this is a replay of one), or, asked without a hold, when the credit covers it;
-    else refused with ``refusal`` (a course's) or why the credit does not cover it."""
-    rate = price_per_hour_micro * count
+    else refused with the course's refusal or why the credit does not cover it."""
+    state, hold = judged.state, judged.hold
+    rate = claim.price_per_hour_micro * claim.count
     free = state.admissible_at(now, min_billable_seconds)
     # a replay answers as the first time did: its hold is already among the held credit
-    if replayed and hold is not None and hold.released_at is None:
+    if judged.replayed and hold is not None and hold.released_at is None:
         free += hold.amount_micro
-    allowed = replayed or hold is not None or (refusal is None and free >= needed_micro)
-    what = sku if count == 1 else f"{count} x {sku}"
+    allowed = (
+        judged.replayed
+        or hold is not None
+        or (judged.refusal is None and free >= claim.needed_micro)
+    )
+    what = claim.sku if claim.count == 1 else f"{claim.count} x {claim.sku}"
     if allowed:
         message = f"Admitted {what} at {format_credits(rate)}/h"
         if course:
             message += f", paid by course {course}"
-    elif refusal:
-        message = refusal
+    elif judged.refusal:
+        message = judged.refusal
     else:
-        message = credit_refusal(state, what, rate, needed_micro, free, now, min_billable_seconds)
+        message = credit_refusal(
+            state, what, rate, claim.needed_micro, free, now, min_billable_seconds
+        )
     return Admission(
+        **vars(claim),
         allowed=allowed,
-        sku=sku,
-        count=count,
-        price_per_hour_micro=price_per_hour_micro,
-        needed_micro=needed_micro,
         available_micro=free,
         seconds_left=seconds_covered(state.available_at(now), state.rate_per_hour_micro + rate),
         message=message,

@@ -45,14 +45,35 @@ class CourseRules:
     """What an instructor decides; validated by :func:`course_rules`."""
 
     name: str
-    weekly_hours: float
+    #: the allowance per student and week: this long on one GPU of the reference option
+    weekly_seconds: int
     allowed: tuple[str, ...]
     max_concurrent_gpus: int
     budget_cap_micro: int | None
     github_team: str | None
+    #: a week starts on this weekday (0 = Monday) at ``reset_time`` ("HH:MM") in ``timezone``
     reset_weekday: int
-    reset_time: time
+    reset_time: str
     timezone: str
+
+
+@dataclass(frozen=True)
+class CourseRecord(CourseRules):
+    """A course: its rules, and what billing keeps beside them."""
+
+    slug: str
+    join_code: str | None
+    created_by: str
+    created_at: datetime
+    archived_at: datetime | None
+    instructors: tuple[str, ...]
+
+    def week(self, at: datetime) -> tuple[datetime, datetime]:
+        return week_of(at, self.reset_weekday, time.fromisoformat(self.reset_time), self.timezone)
+
+    @property
+    def resets(self) -> str:
+        return f"{WEEKDAYS[self.reset_weekday].capitalize()} {self.reset_time} {self.timezone}"
 
 
 def _number(value: object, field: str, low: float, high: float) -> float:
@@ -116,13 +137,13 @@ def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRule
         ) from None
     return CourseRules(
         name=name.strip(),
-        weekly_hours=weekly,
+        weekly_seconds=round(weekly * 3600),
         allowed=tuple(dict.fromkeys(allowed)),
         max_concurrent_gpus=gpus,
         budget_cap_micro=cap_micro,
         github_team=team,
         reset_weekday=WEEKDAYS.index(weekday.lower()),
-        reset_time=reset,
+        reset_time=reset.strftime("%H:%M"),
         timezone=zone,
     )
 
@@ -145,32 +166,6 @@ def week_of(at: datetime, weekday: int, reset: time, timezone: str) -> tuple[dat
         start = datetime.combine(start_date, reset, tzinfo=zone)
     end = datetime.combine(start_date + timedelta(days=7), reset, tzinfo=zone)
     return start.astimezone(UTC), end.astimezone(UTC)
-
-
-@dataclass(frozen=True)
-class CourseRecord:
-    slug: str
-    name: str
-    weekly_seconds: int
-    allowed: tuple[str, ...]
-    max_concurrent_gpus: int
-    budget_cap_micro: int | None
-    github_team: str | None
-    join_code: str | None
-    reset_weekday: int
-    reset_time: str
-    timezone: str
-    created_by: str
-    created_at: datetime
-    archived_at: datetime | None
-    instructors: tuple[str, ...]
-
-    def week(self, at: datetime) -> tuple[datetime, datetime]:
-        return week_of(at, self.reset_weekday, time.fromisoformat(self.reset_time), self.timezone)
-
-    @property
-    def resets(self) -> str:
-        return f"{WEEKDAYS[self.reset_weekday].capitalize()} {self.reset_time} {self.timezone}"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from gputap_common.labels import (
 )
 from gputap_common.times import parse_kube_time
 
-from .pricing import SERVER_PRICE_CLASSES
+from .pricing import ON_DEMAND, SERVER_PRICE_CLASSES
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
     count_label = labels.get(COUNT, "")
     if not count_label.isdigit() or int(count_label) < 1:
         raise ValueError(f"{where}: label {COUNT} must be a positive integer, not {count_label!r}")
-    price_class = labels.get(PRICE_CLASS, "on-demand")
+    price_class = labels.get(PRICE_CLASS, ON_DEMAND)
     if price_class not in SERVER_PRICE_CLASSES:
         raise ValueError(
             f"{where}: label {PRICE_CLASS} must be on-demand or spot, not {price_class!r}"

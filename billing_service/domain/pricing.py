@@ -26,10 +26,14 @@ MIG_SLICES_PER_CARD = 7
 
 #: the storage SKU: a data disk, priced per GB-hour, metered from creation to deletion
 DISK = "disk"
-#: the price class of storage sessions; servers are "on-demand" or "spot"
+#: the price class of storage sessions; servers are ON_DEMAND or SPOT
 STORAGE = "storage"
+#: the price class of servers that are never interrupted, the default of every request
+ON_DEMAND = "on-demand"
+#: the price class of interruptible servers, at a discount (``spot_discount_percent``)
+SPOT = "spot"
 #: the price classes of servers (pods, processes): interruptible or not
-SERVER_PRICE_CLASSES = ("on-demand", "spot")
+SERVER_PRICE_CLASSES = (ON_DEMAND, SPOT)
 PRICE_CLASSES = (*SERVER_PRICE_CLASSES, STORAGE)
 #: a disk's price when ``billing.prices`` names none: 0.0002 credits per GB-hour
 #: (a 100 GB disk costs 0.02 an hour, 14.40 over 30 days)
@@ -82,7 +86,7 @@ class PriceBook:
     #: a time-sliced share of a GPU ("CARD/shared") costs this share of the card's price
     shared_percent: int = 25
 
-    def price(self, sku: str, price_class: str = "on-demand") -> int | None:
+    def price(self, sku: str, price_class: str = ON_DEMAND) -> int | None:
         """Micro-credits per hour for one unit of ``sku``; None when it has no price.
 
         Spot (interruptible) costs the on-demand price less ``spot_discount_percent``,
@@ -91,7 +95,7 @@ class PriceBook:
         if price_class == STORAGE or sku == DISK:
             return self.storage.get(sku) if price_class == STORAGE else None
         on_demand = self._on_demand(sku)
-        if on_demand is None or price_class == "on-demand":
+        if on_demand is None or price_class == ON_DEMAND:
             return on_demand
         keep = 100 - self.spot_discount_percent
         return (2 * on_demand * keep + 100) // 200
@@ -114,7 +118,7 @@ class PriceBook:
         # half up: floor(card * g / 7 + 1/2)
         return (2 * self.cards[card] * g + MIG_SLICES_PER_CARD) // (2 * MIG_SLICES_PER_CARD)
 
-    def require(self, sku: str, price_class: str = "on-demand") -> int:
+    def require(self, sku: str, price_class: str = ON_DEMAND) -> int:
         """:meth:`price`, or ``UnknownSku`` saying what to ask for instead."""
         price = self.price(sku, price_class)
         if price is None:
@@ -133,7 +137,7 @@ class PriceBook:
         """:meth:`configured` as exact credits ("8.00"), by SKU: as stored and shown."""
         return {sku: format_credits(micro) for sku, micro in sorted(self.configured().items())}
 
-    def skus(self, price_class: str = "on-demand") -> list[str]:
+    def skus(self, price_class: str = ON_DEMAND) -> list[str]:
         """The SKUs the book prices in ``price_class``: servers (cards, cpu, explicit slices)
         for on-demand and spot, data disks for storage."""
         if price_class == STORAGE:
@@ -141,7 +145,7 @@ class PriceBook:
         return [*self.cards, *self.slices]
 
     def lookup(
-        self, skus: Iterable[str], price_class: str = "on-demand"
+        self, skus: Iterable[str], price_class: str = ON_DEMAND
     ) -> tuple[dict[str, int], list[str]]:
         """Prices of ``skus`` and the list of those without a price, in the order asked."""
         priced: dict[str, int] = {}

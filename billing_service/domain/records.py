@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from . import ledger
 from .money import billed_seconds, cost_micro
-from .pricing import STORAGE, PriceBook
+from .pricing import ON_DEMAND, STORAGE, PriceBook
+
+R = TypeVar("R")
+
+#: what an idempotent write answers: the record, and whether this call wrote it (False: the
+#: request was answered before, and this is its replay, which changed nothing)
+Saved = tuple[R, bool]
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,7 @@ class SessionRecord:
     ended_at: datetime | None
     billed_seconds: int | None
     cost_micro: int | None
-    price_class: str = "on-demand"
+    price_class: str = ON_DEMAND
     charged_micro: int = 0
     course: str = ""
     price_book_version: int | None = None

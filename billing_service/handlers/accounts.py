@@ -3,6 +3,7 @@ warnings, list them all, and read an account's ledger."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tornado import web
@@ -45,8 +46,8 @@ class AccountsHandler(APIHandler):
         if not self.sees_everyone:
             raise web.HTTPError(403, "Only billing admins may list every account")
         now = self.now()
-        states = await self.blocking(self.store.accounts, now)
-        self.write_json({"accounts": [self.account_json(s, now) for s in states]})
+        view = functools.partial(self.account_json, now=now)
+        await self.write_records("accounts", view, self.store.accounts, now)
 
 
 class MeHandler(APIHandler):
@@ -65,8 +66,9 @@ class TransactionsHandler(APIHandler):
     @web.authenticated
     async def get(self, username: str) -> None:
         self.require_reader_of(username)
-        txs = await self.blocking(self.store.transactions, username)
-        self.write_json({"transactions": [transaction_view(tx) for tx in txs]})
+        await self.write_records(
+            "transactions", transaction_view, self.store.transactions, username
+        )
 
 
 default_handlers = [

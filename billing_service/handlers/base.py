@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, TypeVar
@@ -95,6 +95,11 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if not self.is_admin:
             raise web.HTTPError(403, f"Only billing admins may do this (scope {BILLING_ADMIN})")
 
+    def require_user(self, what: str) -> None:
+        """403 unless a user (not a service) is calling: ``what`` is for users."""
+        if not self.caller_is_user:
+            raise web.HTTPError(403, f"{what} is for users")
+
     def require_reader_of(self, username: str) -> None:
         """The hub, billing admins, and the user themselves may read a user's billing."""
         if self.sees_everyone:
@@ -162,6 +167,19 @@ class APIHandler(BaseHandler):
     def write_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+    async def write_records(
+        self,
+        key: str,
+        view: Callable[[Any], Any],
+        read: Callable[..., Iterable[Any]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """Answer ``{key: [view(record), ...]}`` for the records ``read(*args, **kwargs)``
+        answers on the database thread (:meth:`blocking`)."""
+        records = await self.blocking(read, *args, **kwargs)
+        self.write_json({key: [view(record) for record in records]})
 
     def write_saved(self, data: Any, created: bool) -> None:
         """``data`` with 201 when the request created it, 200 when it was there (a replay)."""

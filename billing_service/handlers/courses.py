@@ -14,6 +14,7 @@ and rules are not disclosed to others.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime, time
 from typing import Any
@@ -62,8 +63,8 @@ class CoursesHandler(CourseHandler):
     @web.authenticated
     async def get(self) -> None:
         if self.sees_everyone:
-            courses = await self.blocking(self.store.courses)
-            self.write_json({"courses": [course_view(c, full=True) for c in courses]})
+            view = functools.partial(course_view, full=True)
+            await self.write_records("courses", view, self.store.courses)
             return
         taught = await self.blocking(self.store.courses, instructor=self.caller)
         taken = await self.blocking(self.store.courses, student=self.caller)
@@ -240,8 +241,8 @@ class StudentCoursesHandler(CourseHandler):
     @web.authenticated
     async def get(self, username: str) -> None:
         self.require_reader_of(username)
-        taken = await self.blocking(self.store.student_courses, username, self.now())
-        self.write_json({"courses": [student_course_view(t) for t in taken]})
+        read = self.store.student_courses
+        await self.write_records("courses", student_course_view, read, username, self.now())
 
 
 class InstructorsHandler(CourseHandler):

@@ -13,7 +13,7 @@ from typing import Any
 from tornado import web
 
 from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
-from ..domain.pricing import PRICE_CLASSES
+from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
 #: idempotency keys join several fields ("user:{username}:allowance:{course}", "grant:{key}",
@@ -101,7 +101,7 @@ def parse_time(text: str, what: str) -> datetime:
 
 def price_class_field(body: dict[str, Any]) -> str:
     """``on-demand`` (the default), ``spot``, or ``storage`` (data disks, sku ``disk``)."""
-    value = body.get("price_class", "on-demand")
+    value = body.get("price_class", ON_DEMAND)
     if value not in PRICE_CLASSES:
         raise web.HTTPError(
             400,
@@ -118,3 +118,16 @@ def time_field(body: dict[str, Any], key: str) -> datetime:
 def time_argument(handler: web.RequestHandler, name: str) -> datetime | None:
     text = handler.get_argument(name, None)
     return None if text is None else parse_time(text, name)
+
+
+def spawn_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """What an admission and a session start both name, by the store's parameter names: who
+    (``username``), what (``sku``, ``count``, ``price_class``) and the course that pays
+    (``course``, "" for none)."""
+    return {
+        "username": text_field(body, "username"),
+        "sku": text_field(body, "sku"),
+        "count": count_field(body),
+        "price_class": price_class_field(body),
+        "course": optional_text(body, "course") or "",
+    }

@@ -27,8 +27,7 @@ class PageHandler(BaseHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        if not self.caller_is_user:
-            raise web.HTTPError(403, "The billing page is for users")
+        self.require_user("The billing page")
         now = self.now()
         state, _ = await self.blocking(self.store.open_account, self.caller, now)
         since = datetime(now.year, now.month, now.day, tzinfo=now.tzinfo) - timedelta(
@@ -95,8 +94,7 @@ class CoursesPageHandler(CourseHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        if not self.caller_is_user:
-            raise web.HTTPError(403, "The courses page is for users")
+        self.require_user("The courses page")
         now = self.now()
         taken = await self.blocking(self.store.student_courses, self.caller, now)
         teaching = await self.may_teach()

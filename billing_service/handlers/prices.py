@@ -10,7 +10,7 @@ from tornado import web
 
 from gputap_common.money import format_credits
 
-from ..domain.pricing import PRICE_CLASSES, make_price_book
+from ..domain.pricing import ON_DEMAND, PRICE_CLASSES, make_price_book
 from .base import APIHandler
 from .views import price_book_view
 
@@ -22,7 +22,7 @@ class PricesHandler(APIHandler):
     async def get(self) -> None:
         version, book = await self.blocking(self.store.price_book_at)
         asked = self.get_arguments("sku")
-        price_class = self.get_argument("price_class", "on-demand")
+        price_class = self.get_argument("price_class", ON_DEMAND)
         if price_class not in PRICE_CLASSES:
             raise web.HTTPError(
                 400,
@@ -50,8 +50,7 @@ class PricesHandler(APIHandler):
 class PriceBooksHandler(APIHandler):
     @web.authenticated
     async def get(self) -> None:
-        books = await self.blocking(self.store.price_books)
-        self.write_json({"price_books": [price_book_view(b) for b in books]})
+        await self.write_records("price_books", price_book_view, self.store.price_books)
 
     @web.authenticated
     async def post(self) -> None:

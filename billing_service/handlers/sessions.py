@@ -3,6 +3,7 @@ start and stop, listing sessions, releasing and listing holds."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tornado import web
@@ -11,15 +12,7 @@ from gputap_common.money import format_credits
 
 from .. import metrics
 from .base import APIHandler
-from .fields import (
-    MAX_LENGTH,
-    check_text,
-    count_field,
-    optional_text,
-    price_class_field,
-    text_field,
-    time_field,
-)
+from .fields import optional_text, spawn_fields, text_field, time_field
 from .views import hold_view, session_view
 
 log = logging.getLogger("billing")
@@ -30,32 +23,24 @@ class AdmissionHandler(APIHandler):
     async def post(self) -> None:
         self.require_hub()
         body = self.body()
-        username = text_field(body, "username")
-        sku = text_field(body, "sku")
-        count = count_field(body)
-        price_class = price_class_field(body)
+        spawn = spawn_fields(body)
         key = optional_text(body, "idempotency_key")
-        course = optional_text(body, "course") or ""
-        if course:
-            check_text(course, "course", MAX_LENGTH["course"])
         admission = await self.blocking(
-            self.store.admit,
-            username,
-            sku,
-            count,
-            self.now(),
-            price_class,
-            idempotency_key=key,
-            course=course,
+            self.store.admit, now=self.now(), idempotency_key=key, **spawn
         )
         if not admission.allowed:
-            log.info("Refused admission of %s for %s x %s", username, count, sku)
+            log.info(
+                "Refused admission of %s for %s x %s",
+                spawn["username"],
+                admission.count,
+                admission.sku,
+            )
             raise web.HTTPError(402, admission.message)
         self.write_json(
             {
                 "allowed": True,
-                "sku": sku,
-                "count": count,
+                "sku": admission.sku,
+                "count": admission.count,
                 "price_per_hour_micro": admission.price_per_hour_micro,
                 "price_per_hour": format_credits(admission.price_per_hour_micro),
                 "seconds_left": admission.seconds_left,
@@ -77,54 +62,45 @@ class SessionsHandler(APIHandler):
             username = self.caller
         if username is not None:
             self.require_reader_of(username)
-        sessions = await self.blocking(self.store.sessions, username, state)
-        now = self.now()
-        self.write_json({"sessions": [session_view(s, now) for s in sessions]})
+        view = functools.partial(session_view, now=self.now())
+        await self.write_records("sessions", view, self.store.sessions, username, state)
 
     @web.authenticated
     async def post(self) -> None:
         self.require_hub()
         body = self.body()
         session_id = text_field(body, "id")
-        username = text_field(body, "username")
+        spawn = spawn_fields(body)
         server_name = text_field(body, "server_name", empty_ok=True)
-        sku = text_field(body, "sku")
-        count = count_field(body)
         started_at = time_field(body, "started_at")
-        price_class = price_class_field(body)
         hold_id = optional_text(body, "hold_id")
-        course = optional_text(body, "course") or ""
         now = self.now()
         session, created = await self.blocking(
             self.store.start_session,
             session_id,
-            username,
-            server_name,
-            sku,
-            count,
-            started_at,
-            now,
-            price_class,
+            server_name=server_name,
+            started_at=started_at,
+            now=now,
             hold_id=hold_id,
-            course=course,
+            **spawn,
         )
         if created and session.is_storage:
             log.info(
                 "Started storage session %s of %s/%s: %s GB at %s per GB-hour",
                 session.id,
-                username,
-                server_name,
-                count,
+                session.username,
+                session.server_name,
+                session.count,
                 format_credits(session.price_per_hour_micro),
             )
         elif created:
             log.info(
                 "Started session %s of %s/%s: %s x %s at %s/h",
                 session.id,
-                username,
-                server_name,
-                count,
-                sku,
+                session.username,
+                session.server_name,
+                session.count,
+                session.sku,
                 format_credits(session.price_per_hour_micro),
             )
         self.write_saved(session_view(session, now), created)
@@ -162,8 +138,7 @@ class HoldsHandler(APIHandler):
     @web.authenticated
     async def get(self, username: str) -> None:
         self.require_reader_of(username)
-        holds = await self.blocking(self.store.holds, username, self.now())
-        self.write_json({"holds": [hold_view(h) for h in holds]})
+        await self.write_records("holds", hold_view, self.store.holds, username, self.now())
 
 
 default_handlers = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,18 @@ from ..domain.records import (
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def record_view(record: Any) -> dict[str, Any]:
+    """A record's fields as JSON, in their order: times in ISO 8601, and after each amount in
+    micro-credits (``NAME_micro``) the same amount as exact credits (``NAME``)."""
+    view: dict[str, Any] = {}
+    for field in fields(record):
+        value = getattr(record, field.name)
+        view[field.name] = _iso(value) if isinstance(value, datetime) else value
+        if field.name.endswith("_micro"):
+            view[field.name.removesuffix("_micro")] = format_credits(value)
+    return view
 
 
 def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
@@ -140,38 +153,18 @@ def account_view(
 def transaction_view(tx: TransactionRecord) -> dict[str, Any]:
     """A ledger transaction: the net to the user's pools, and every posting."""
     return {
-        "id": tx.id,
-        "username": tx.username,
-        "kind": tx.kind,
-        "amount_micro": tx.amount_micro,
-        "amount": format_credits(tx.amount_micro),
+        **record_view(tx),
         "postings": [
             {"account": code, "amount_micro": micro, "amount": format_credits(micro)}
             for code, micro in tx.postings
         ],
-        "session_id": tx.session_id,
         "idempotency_key": tx.idempotency_key.removeprefix("grant:"),
-        "memo": tx.memo,
-        "created_by": tx.created_by,
-        "created_at": _iso(tx.created_at),
     }
 
 
 def hold_view(hold: HoldRecord) -> dict[str, Any]:
-    return {
-        "id": hold.id,
-        "username": hold.username,
-        "sku": hold.sku,
-        "count": hold.count,
-        "price_class": hold.price_class,
-        "amount_micro": hold.amount_micro,
-        "amount": format_credits(hold.amount_micro),
-        "created_at": _iso(hold.created_at),
-        "expires_at": _iso(hold.expires_at),
-        "released_at": _iso(hold.released_at),
-        "release_reason": hold.release_reason,
-        "session_id": hold.session_id,
-    }
+    """A hold: every field, the amount also as credits."""
+    return record_view(hold)
 
 
 def price_book_view(record: PriceBookRecord) -> dict[str, Any]:

@@ -12,13 +12,17 @@ import time
 from collections.abc import Awaitable, Callable
 
 from .. import metrics
-from .repeat import repeat
+from .repeat import Loop
 
 log = logging.getLogger("billing.charge")
 
 
-class Charger:
+class Charger(Loop):
     """Runs ``post(interval)`` every ``interval_seconds``; one failing pass does not end it."""
+
+    logger = log
+    failed = "Charge pass failed; trying again next interval"
+    errors = "charge"
 
     def __init__(
         self,
@@ -39,13 +43,3 @@ class Charger:
         if posted:
             log.info("Posted %s interval charges (%s sessions running)", posted, running)
         return posted
-
-    async def run(self) -> None:
-        """Charge forever, every ``interval_seconds``; one failing pass does not end it."""
-        await repeat(
-            self.check,
-            self.interval_seconds,
-            log=log,
-            failed="Charge pass failed; trying again next interval",
-            errors="charge",
-        )

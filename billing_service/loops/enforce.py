@@ -13,16 +13,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from gputap_common import clock
 
 from .. import metrics
 from ..domain.enforcement import sessions_to_stop
 from ..domain.records import AccountState, SessionRecord
-from .repeat import repeat
+from .hub_api import HubAPI, server_url
+from .repeat import Loop
 
 log = logging.getLogger("billing.enforce")
 
@@ -30,16 +30,12 @@ log = logging.getLogger("billing.enforce")
 DEFAULT_REPEAT_AFTER = timedelta(seconds=30)
 
 
-def server_url(api_url: str, username: str, server_name: str) -> str:
-    """The hub REST URL that stops ``username``'s server (the default one has name "")."""
-    user = quote(username, safe="")
-    if not server_name:
-        return f"{api_url.rstrip('/')}/users/{user}/server"
-    return f"{api_url.rstrip('/')}/users/{user}/servers/{quote(server_name, safe='')}"
-
-
-class Enforcer:
+class Enforcer(Loop):
     """Periodic enforcement against the hub's REST API."""
+
+    logger = log
+    failed = "Enforcement pass failed; trying again next interval"
+    errors = "enforce"
 
     def __init__(
         self,
@@ -52,23 +48,17 @@ class Enforcer:
         http_client: AsyncHTTPClient | None = None,
     ) -> None:
         self.load_accounts = load_accounts
-        self.api_url = api_url
-        self._api_token = api_token
+        self.hub = HubAPI(api_url, api_token, http_client)
         self.interval_seconds = interval_seconds
         self.repeat_after = repeat_after
-        self.http_client = http_client or AsyncHTTPClient()
         self._requested: dict[str, datetime] = {}
 
     async def stop_server(self, session: SessionRecord) -> bool:
         """Ask the hub to stop the session's server; False when the hub refused."""
         target = f"{session.username}/{session.server_name}"
-        request = HTTPRequest(
-            server_url(self.api_url, session.username, session.server_name),
-            method="DELETE",
-            headers={"Authorization": f"token {self._api_token}"},
-        )
+        url = server_url(self.hub.api_url, session.username, session.server_name)
         try:
-            response = await self.http_client.fetch(request)
+            response = await self.hub.fetch(url, "DELETE")
         except HTTPClientError as e:
             # 400/404: not running (any more) or no such user; the spawner settles the rest.
             log.warning("Enforcement: hub refused to stop %s: HTTP %s", target, e.code)
@@ -102,13 +92,3 @@ class Enforcer:
         metrics.ENFORCEMENT_STOPS.inc(len(requested))
         metrics.CYCLE_SECONDS.labels("enforce").observe(time.perf_counter() - started)
         return requested
-
-    async def run(self) -> None:
-        """Check forever, every ``interval_seconds``; one failing pass does not end it."""
-        await repeat(
-            self.check,
-            self.interval_seconds,
-            log=log,
-            failed="Enforcement pass failed; trying again next interval",
-            errors="enforce",
-        )

@@ -37,6 +37,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -104,41 +105,40 @@ async def kube_configuration(kubeconfig: str = "", api_host: str = "") -> Config
     return configuration
 
 
+@dataclass(eq=False)
 class KubeMeter:
-    """Lists and watches the gputap pods of one namespace and meters their sessions."""
+    """Lists and watches the gputap pods of one namespace and meters their sessions through
+    ``store``, on its database thread ``executor``."""
 
-    def __init__(
-        self,
-        store: Store,
-        executor: Executor,
-        api: CoreV1Api,
-        namespace: str,
-        *,
-        seen_interval_seconds: float = 10.0,
-        start_grace_seconds: float = 30.0,
-        watch_seconds: int = WATCH_SECONDS,
-    ) -> None:
-        self.store = store
-        self.executor = executor
-        self.api = api
-        self.namespace = namespace
-        self.seen_interval_seconds = seen_interval_seconds
-        self.start_grace = timedelta(seconds=start_grace_seconds)
-        self.watch_seconds = watch_seconds
-        #: the gputap pods of the last list, kept current by the watch (by uid)
-        self.pods: dict[str, PodFacts] = {}
-        #: session id -> start, of sessions this meter started or found open
-        self._open: dict[str, datetime] = {}
-        #: running pods whose session the spawner has the start grace to open (by session id)
-        self._waiting: dict[str, PodFacts] = {}
-        #: session ids whose pod this process has recorded in session_pods
-        self._bound: set[str] = set()
-        #: session ids known to be settled (their events change nothing)
-        self._settled: set[str] = set()
-        #: pods and sessions reported as unbillable since the last list (logged once each)
-        self._refused: set[str] = set()
-        #: whether self.pods is current (listed, and the watch is live)
-        self.synced = False
+    store: Store
+    executor: Executor
+    api: CoreV1Api
+    namespace: str
+    _: KW_ONLY
+    #: how often the sessions of running pods are recorded as seen running
+    seen_interval_seconds: float = 10.0
+    #: how long the spawner has to open a running pod's session before the meter does
+    start_grace_seconds: float = 30.0
+    #: how long one watch request lasts before the meter relists
+    watch_seconds: int = WATCH_SECONDS
+    #: the gputap pods of the last list, kept current by the watch (by uid)
+    pods: dict[str, PodFacts] = field(default_factory=dict, init=False)
+    #: session id -> start, of sessions this meter started or found open
+    _open: dict[str, datetime] = field(default_factory=dict, init=False)
+    #: running pods whose session the spawner has the start grace to open (by session id)
+    _waiting: dict[str, PodFacts] = field(default_factory=dict, init=False)
+    #: session ids whose pod this process has recorded in session_pods
+    _bound: set[str] = field(default_factory=set, init=False)
+    #: session ids known to be settled (their events change nothing)
+    _settled: set[str] = field(default_factory=set, init=False)
+    #: pods and sessions reported as unbillable since the last list (logged once each)
+    _refused: set[str] = field(default_factory=set, init=False)
+    #: whether self.pods is current (listed, and the watch is live)
+    synced: bool = field(default=False, init=False)
+
+    @property
+    def start_grace(self) -> timedelta:
+        return timedelta(seconds=self.start_grace_seconds)
 
     @classmethod
     def from_config(

@@ -12,21 +12,25 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from gputap_common import clock
 
 from ..domain.reconciliation import sessions_to_close
 from ..domain.records import AccountState, SessionRecord
-from .repeat import repeat
+from .hub_api import HubAPI, user_url
+from .repeat import Loop
 
 log = logging.getLogger("billing.reconcile")
 
 
-class Reconciler:
+class Reconciler(Loop):
     """Periodic reconciliation against the hub's REST API."""
+
+    logger = log
+    failed = "Reconciliation pass failed; trying again next interval"
+    wait_first = True
 
     def __init__(
         self,
@@ -42,22 +46,16 @@ class Reconciler:
         self.load_accounts = load_accounts
         self.close_session = close_session
         self.mark_seen = mark_seen
-        self.api_url = api_url.rstrip("/")
-        self._api_token = api_token
+        self.hub = HubAPI(api_url, api_token, http_client)
         self.interval_seconds = interval_seconds
-        self.http_client = http_client or AsyncHTTPClient()
         self.seen: dict[str, datetime] = {}
         self.missing: dict[str, int] = {}
 
     async def servers_of(self, username: str) -> set[str]:
         """Names of the user's servers the hub has (running or starting); raises when the
         hub cannot say."""
-        request = HTTPRequest(
-            f"{self.api_url}/users/{quote(username, safe='')}",
-            headers={"Authorization": f"token {self._api_token}"},
-        )
         try:
-            response = await self.http_client.fetch(request)
+            response = await self.hub.fetch(user_url(self.hub.api_url, username))
         except HTTPClientError as e:
             if e.code == 404:
                 return set()
@@ -93,13 +91,3 @@ class Reconciler:
             )
             closed.append(record)
         return closed
-
-    async def run(self) -> None:
-        """Check forever, every ``interval_seconds``; one failing pass does not end it."""
-        await repeat(
-            self.check,
-            self.interval_seconds,
-            log=log,
-            failed="Reconciliation pass failed; trying again next interval",
-            wait_first=True,
-        )

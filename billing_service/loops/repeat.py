@@ -1,5 +1,5 @@
 """The one way billing's background loops run: a pass every interval, forever, a failing pass
-logged (and counted) without ending the loop."""
+logged (and counted) without ending the loop; :class:`Loop` is a loop of one such pass."""
 
 from __future__ import annotations
 
@@ -32,3 +32,32 @@ async def repeat(
                 metrics.ERRORS.labels(errors).inc()
             log.exception(failed)
         await asyncio.sleep(interval_seconds)
+
+
+class Loop:
+    """A background loop: :meth:`check` every ``interval_seconds``, through :func:`repeat`.
+    A subclass sets ``interval_seconds`` and says how a failed pass is logged."""
+
+    interval_seconds: float
+    #: the log a failed pass is written to, and what it says
+    logger: logging.Logger
+    failed: str
+    #: the label of ``metrics.ERRORS`` a failed pass counts under (None: not counted)
+    errors: str | None = None
+    #: wait one interval before the first pass
+    wait_first: bool = False
+
+    async def check(self) -> object:
+        """One pass."""
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        """Check forever, every ``interval_seconds``; one failing pass does not end it."""
+        await repeat(
+            self.check,
+            self.interval_seconds,
+            log=self.logger,
+            failed=self.failed,
+            errors=self.errors,
+            wait_first=self.wait_first,
+        )

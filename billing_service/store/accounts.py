@@ -13,10 +13,12 @@ from sqlalchemy.orm import Session
 
 from ..domain import ledger
 from ..domain.errors import NotFound
-from ..domain.records import AccountState, SessionRecord
+from ..domain.records import AccountState, Saved, SessionRecord
 from ..orm import Account, BillingSession, Hold, LedgerAccount
 from . import postings
+from .operations import reads, writes
 from .rows import session_record
+from .terms import Terms
 
 ACCOUNTS = Account.__table__
 SESSIONS = BillingSession.__table__
@@ -125,12 +127,28 @@ def state(db: Session, account: Account, now: datetime) -> AccountState:
     return states(db, [account], now)[0]
 
 
+@writes(name="open_account")
+def open_state(db: Session, username: str, now: datetime, *, terms: Terms) -> Saved[AccountState]:
+    """Open ``username``'s account with trial credit once; True when it was created."""
+    account, created = open_account(db, username, now, terms.trial_credit_micro)
+    db.flush()
+    return state(db, account, now), created
+
+
+@reads(name="account")
+def account_state(db: Session, username: str, now: datetime) -> AccountState:
+    """The account of ``username``; ``NotFound`` when it was never opened."""
+    return state(db, require(db, username), now)
+
+
+@reads(name="accounts")
 def all_states(db: Session, now: datetime) -> list[AccountState]:
     """Every account, by username."""
     rows = db.scalars(select(Account).order_by(Account.username)).all()
     return states(db, rows, now)
 
 
+@reads(name="accounts_with_running_sessions")
 def running_states(db: Session, now: datetime) -> list[AccountState]:
     """Every account with at least one open session (rows, not ORM objects: enforcement
     reads them all every few seconds)."""

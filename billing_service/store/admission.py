@@ -12,15 +12,18 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..domain.admission import (
+    Claim,
+    Judgement,
     check_course_spawn,
     course_admissible_at,
     course_refusal,
 )
 from ..domain.courses import CourseRecord
 from ..domain.errors import NotFound
-from ..domain.records import AccountState, HoldRecord
+from ..domain.records import HoldRecord
 from ..orm import Account, BillingSession, Course, Enrollment, Hold
 from . import accounts, courses
+from .operations import reads, writes
 from .rows import hold_record
 from .terms import Terms
 
@@ -28,21 +31,17 @@ from .terms import Terms
 def admit(
     db: Session,
     username: str,
-    sku: str,
-    count: int,
+    claim: Claim,
     now: datetime,
-    price_class: str,
     *,
-    needed_micro: int,
     hold: bool,
     idempotency_key: str | None,
     course: str,
     terms: Terms,
-) -> tuple[AccountState, HoldRecord | None, bool, str | None]:
-    """Judge an admission of ``count`` x ``sku`` needing ``needed_micro`` and, when it is
-    covered and ``hold``, place its hold; ``(state judged on, hold placed or replayed,
-    replayed, a course's refusal)``. ``ValueError`` names a course rule it breaks or an
-    ``idempotency_key`` another account used."""
+) -> Judgement:
+    """Judge an admission of ``claim`` and, when it is covered and ``hold``, place its hold.
+    ``ValueError`` names a course rule it breaks or an ``idempotency_key`` another account
+    used."""
     account, _ = accounts.open_account(db, username, now, terms.trial_credit_micro)
     db.flush()
     # one admission per account at a time, across replicas
@@ -52,38 +51,39 @@ def admit(
         if earlier is not None:
             if earlier.account_id != account.id:
                 raise ValueError("idempotency_key: already used by another account's admission")
-            return accounts.state(db, account, now), hold_record(earlier, username), True, None
+            state = accounts.state(db, account, now)
+            return Judgement(state, hold_record(earlier, username), replayed=True)
     minimum = terms.min_billable_seconds
+    needed = claim.needed_micro
     if course:
-        rules, fallback = course_spawn(db, account, course, sku, count, now, terms)
+        rules, fallback = course_spawn(db, account, course, claim.sku, claim.count, now, terms)
         state = accounts.state(db, account, now)
         held = course_holds(db, account.id, course, now, Hold.amount_micro)
         free = course_admissible_at(state, course, held, now, minimum)
         own = state.admissible_at(now, minimum)
-        refusal = course_refusal(rules, sku, needed_micro, free, own, fallback, now, minimum)
+        refusal = course_refusal(rules, claim.sku, needed, free, own, fallback, now, minimum)
         if refusal is not None:
-            return state, None, False, refusal
+            return Judgement(state, refusal=refusal)
     else:
         state = accounts.state(db, account, now)
-        if state.admissible_at(now, minimum) < needed_micro:
-            return state, None, False, None
+        if state.admissible_at(now, minimum) < needed:
+            return Judgement(state)
     if not hold:
-        return state, None, False, None
+        return Judgement(state)
     row = Hold(
         id=idempotency_key or uuid.uuid4().hex,
         account_id=account.id,
-        sku=sku,
-        count=count,
-        price_class=price_class,
-        amount_micro=needed_micro,
+        sku=claim.sku,
+        count=claim.count,
+        price_class=claim.price_class,
+        amount_micro=needed,
         created_at=now,
         expires_at=now + timedelta(seconds=terms.hold_seconds),
-        release_reason="",
         course=course,
     )
     db.add(row)
     db.flush()
-    return state, hold_record(row, username), False, None
+    return Judgement(state, hold_record(row, username))
 
 
 def course_spawn(
@@ -136,7 +136,8 @@ def hold_started(
         held.session_id = session_id
 
 
-def release_hold(db: Session, hold_id: str, now: datetime, reason: str) -> HoldRecord:
+@writes
+def release_hold(db: Session, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
     """Give a hold's credit back (a start failed); a released hold stays as it was."""
     row = db.get(Hold, hold_id, with_for_update=True)
     if row is None:
@@ -148,6 +149,7 @@ def release_hold(db: Session, hold_id: str, now: datetime, reason: str) -> HoldR
     return hold_record(row, username)
 
 
+@reads(name="holds")
 def active_holds(db: Session, username: str, now: datetime) -> list[HoldRecord]:
     """Active holds of ``username``, oldest first; ``NotFound`` for no account."""
     account = accounts.require(db, username)

@@ -1,14 +1,11 @@
 """Writing a batch of interval charges, once :func:`.charges.charge_batch` has locked the rows
 and computed the splits: on PostgreSQL in one statement, elsewhere (SQLite) with one
-executemany per table and kind of write. Both write the same rows.
-
-``tx_rows`` are the new charge transactions (``ledger_transactions`` columns); ``splits`` their
-postings, ``(ledger account id, signed amount)`` pairs, one list per transaction; ``moved`` how
-much each ledger account's balance moves; ``charged`` each session's new ``charged_micro``.
+executemany per table and kind of write. Both write the same rows: a :class:`ChargeBatch`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import bindparam, insert, text, update
@@ -21,6 +18,21 @@ SESSIONS = BillingSession.__table__
 TRANSACTIONS = LedgerTransaction.__table__
 POSTINGS = Posting.__table__
 LEDGER_ACCOUNTS = LedgerAccount.__table__
+
+
+@dataclass(frozen=True)
+class ChargeBatch:
+    """What a batch of interval charges writes."""
+
+    #: the new charge transactions (``ledger_transactions`` columns)
+    tx_rows: list[dict]
+    #: their postings, ``(ledger account id, signed amount)`` pairs, one list per transaction
+    splits: list[list[tuple[int, int]]]
+    #: how much each ledger account's balance moves
+    moved: dict[int, int]
+    #: each session's new ``charged_micro``
+    charged: dict[str, int]
+
 
 #: a batch of interval charges on PostgreSQL, in one statement: the transactions, their postings
 #: (joined to the new transactions by key, in the order given), the balances and the sessions'
@@ -54,18 +66,12 @@ WHERE sessions.id = c.id
 ).bindparams(bindparam("now", type_=UTCDateTime))
 
 
-def write_charges_postgresql(
-    db: Session,
-    tx_rows: list[dict],
-    splits: list[list[tuple[int, int]]],
-    moved: dict[int, int],
-    charged: dict[str, int],
-    now: datetime,
-) -> None:
+def write_charges_postgresql(db: Session, batch: ChargeBatch, now: datetime) -> None:
     """Write a batch of charges on PostgreSQL: ``CHARGES_POSTGRESQL``, one round trip."""
+    tx_rows, moved, charged = batch.tx_rows, batch.moved, batch.charged
     postings = [
         (tx["idempotency_key"], account, amount)
-        for tx, moves in zip(tx_rows, splits, strict=True)
+        for tx, moves in zip(tx_rows, batch.splits, strict=True)
         for account, amount in moves
     ]
     db.execute(
@@ -88,23 +94,17 @@ def write_charges_postgresql(
     )
 
 
-def write_charges(
-    db: Session,
-    tx_rows: list[dict],
-    splits: list[list[tuple[int, int]]],
-    moved: dict[int, int],
-    charged: dict[str, int],
-) -> None:
+def write_charges(db: Session, batch: ChargeBatch) -> None:
     """Write a batch of charges elsewhere (SQLite): one executemany per table and write."""
     ids = db.execute(
         insert(TRANSACTIONS).returning(TRANSACTIONS.c.id, sort_by_parameter_order=True),
-        tx_rows,
+        batch.tx_rows,
     ).scalars()
     db.execute(
         insert(POSTINGS),
         [
             {"transaction_id": tx_id, "ledger_account_id": account, "amount_micro": amount}
-            for tx_id, moves in zip(ids, splits, strict=True)
+            for tx_id, moves in zip(ids, batch.splits, strict=True)
             for account, amount in moves
         ],
     )
@@ -112,11 +112,11 @@ def write_charges(
         update(LEDGER_ACCOUNTS)
         .where(LEDGER_ACCOUNTS.c.id == bindparam("account"))
         .values(balance_micro=LEDGER_ACCOUNTS.c.balance_micro + bindparam("delta")),
-        [{"account": account, "delta": delta} for account, delta in moved.items()],
+        [{"account": account, "delta": delta} for account, delta in batch.moved.items()],
     )
     db.execute(
         update(SESSIONS)
         .where(SESSIONS.c.id == bindparam("session"))
         .values(charged_micro=bindparam("charged")),
-        [{"session": session, "charged": target} for session, target in charged.items()],
+        [{"session": session, "charged": target} for session, target in batch.charged.items()],
     )

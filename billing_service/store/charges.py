@@ -20,7 +20,7 @@ from ..domain import ledger
 from ..domain.money import billed_seconds, cost_micro
 from ..orm import Account, BillingSession, LedgerAccount, LedgerTransaction, Posting
 from . import postings
-from .charge_writes import write_charges, write_charges_postgresql
+from .charge_writes import ChargeBatch, write_charges, write_charges_postgresql
 
 T = TypeVar("T")
 
@@ -46,9 +46,15 @@ def _postgresql(db: Session) -> bool:
     return db.get_bind().dialect.name == "postgresql"
 
 
-def charge_memo(row: Any) -> str:
-    """What a charge transaction says: whose server, what it holds."""
-    return f"{row.username}/{row.server_name}: {row.count} x {row.sku}"
+def charge_columns(row: Any) -> postings.TransactionColumns:
+    """What a charge transaction of session ``row`` says: its owner, the session, and whose
+    server it is and what it holds."""
+    return {
+        "kind": ledger.CHARGE,
+        "account_id": row.account_id,
+        "session_id": row.id,
+        "memo": f"{row.username}/{row.server_name}: {row.count} x {row.sku}",
+    }
 
 
 def charge_to(
@@ -85,16 +91,7 @@ def charge_to(
         parts = [-part for part in back]
     shard = db.get(LedgerAccount, revenue.ids(db)[ledger.revenue_shard(row.id)])
     moves = [(pool, -part) for pool, part in zip(pools, parts, strict=True)]
-    postings.post(
-        db,
-        key=key,
-        kind=ledger.CHARGE,
-        account_id=row.account_id,
-        session_id=row.id,
-        moves=[*moves, (shard, amount)],
-        now=now,
-        memo=charge_memo(row),
-    )
+    postings.post(db, key=key, moves=[*moves, (shard, amount)], now=now, **charge_columns(row))
     row.charged_micro = target
     return amount
 
@@ -180,12 +177,9 @@ def charge_batch(
         tx_rows.append(
             {
                 "idempotency_key": f"charge:{row.id}:{k}",
-                "kind": ledger.CHARGE,
-                "account_id": row.account_id,
-                "session_id": row.id,
-                "memo": charge_memo(row),
                 "created_by": "",
                 "created_at": now,
+                **charge_columns(row),
             }
         )
     # every balance moves by its postings' sum: the pools down, the revenue shard up
@@ -195,11 +189,11 @@ def charge_batch(
         if balance != pools[code][1]
     }
     moved[revenue_id] = sum(target - row.charged_micro for row, _, target in due)
-    charged = {row.id: target for row, _, target in due}
+    batch = ChargeBatch(tx_rows, splits, moved, {row.id: target for row, _, target in due})
     if _postgresql(db):
-        write_charges_postgresql(db, tx_rows, splits, moved, charged, now)
+        write_charges_postgresql(db, batch, now)
     else:
-        write_charges(db, tx_rows, splits, moved, charged)
+        write_charges(db, batch)
     return len(due)
 
 

@@ -9,8 +9,10 @@ from ..domain import ledger
 from ..domain.records import LedgerProblem
 from ..orm import BillingSession, LedgerAccount, LedgerTransaction, Posting
 from . import postings
+from .operations import reads
 
 
+@reads
 def check_ledger(db: Session) -> list[LedgerProblem]:
     """Everything that would make the books wrong; an empty list means they balance.
 

@@ -10,7 +10,6 @@ enforcement's overrun, is written off too), then the new week is granted under t
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +30,7 @@ from ..domain.courses import (
 )
 from ..domain.errors import NotFound
 from ..domain.money import billed_seconds, cost_micro
-from ..domain.records import TransactionRecord
+from ..domain.records import Saved, TransactionRecord
 from ..orm import (
     Account,
     BillingSession,
@@ -45,7 +44,8 @@ from ..orm import (
     Posting,
 )
 from . import accounts, charges, postings, prices
-from .rows import course_record, session_record
+from .operations import reads, writes
+from .rows import course_record, new_course, session_record
 from .terms import Terms
 
 #: what :func:`try_join` answers instead of a course
@@ -71,11 +71,13 @@ def course_of(db: Session, row: Course) -> CourseRecord:
     return course_record(row, names)
 
 
+@reads
 def course(db: Session, slug: str) -> CourseRecord:
     """Course ``slug``; ``NotFound`` when there is none."""
     return course_of(db, course_row(db, slug))
 
 
+@reads
 def courses(
     db: Session, *, instructor: str | None = None, student: str | None = None
 ) -> list[CourseRecord]:
@@ -90,16 +92,19 @@ def courses(
     return [course_of(db, row) for row in db.scalars(query)]
 
 
+@reads
 def teaches(db: Session, username: str, slug: str) -> bool:
     """Whether ``username`` is an instructor of course ``slug``."""
     return db.get(CourseInstructor, (slug, username)) is not None
 
 
+@reads
 def is_instructor(db: Session, username: str) -> bool:
     """Made an instructor by an admin (GitHub-team instructors have the hub's scope)."""
     return db.get(Instructor, username) is not None
 
 
+@writes
 def make_instructor(db: Session, username: str, granted_by: str, now: datetime) -> bool:
     """Make ``username`` an instructor; False when they were one already."""
     if db.get(Instructor, username) is not None:
@@ -111,33 +116,21 @@ def make_instructor(db: Session, username: str, granted_by: str, now: datetime) 
 # -- instructors' actions --------------------------------------------------------------------
 
 
+@writes
 def create_course(
     db: Session, instructor: str, rules: CourseRules, slug: str, now: datetime, join_code: bool
 ) -> CourseRecord:
     """A new course taught by ``instructor``; ``ValueError`` if the slug is taken."""
     if db.get(Course, slug) is not None:
         raise ValueError(f"slug: a course {slug!r} exists already; choose another slug")
-    row = Course(
-        slug=slug,
-        name=rules.name,
-        weekly_seconds=round(rules.weekly_hours * 3600),
-        allowed=json.dumps(list(rules.allowed)),
-        max_concurrent_gpus=rules.max_concurrent_gpus,
-        budget_cap_micro=rules.budget_cap_micro,
-        github_team=rules.github_team,
-        join_code=new_join_code() if join_code else None,
-        reset_weekday=rules.reset_weekday,
-        reset_time=rules.reset_time.strftime("%H:%M"),
-        timezone=rules.timezone,
-        created_by=instructor,
-        created_at=now,
-    )
+    row = new_course(rules, slug, new_join_code() if join_code else None, instructor, now)
     db.add(row)
     db.add(CourseInstructor(course=slug, username=instructor))
     db.flush()
     return course_of(db, row)
 
 
+@writes
 def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
     """No new servers and no new weeks for it; its records stay."""
     row = course_row(db, slug)
@@ -147,14 +140,15 @@ def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
     return course_of(db, row)
 
 
+@writes
 def enroll(
-    db: Session, slug: str, username: str, source: str, now: datetime, trial_credit_micro: int
+    db: Session, slug: str, username: str, source: str, now: datetime, *, terms: Terms
 ) -> bool:
     """Make ``username`` a student (their billing account opens too); True when new."""
     row = course_row(db, slug)
     if row.archived_at is not None:
         raise ValueError(f"{row.name} is archived and takes no new students")
-    accounts.open_account(db, username, now, trial_credit_micro)
+    accounts.open_account(db, username, now, terms.trial_credit_micro)
     if db.get(Enrollment, (slug, username)) is not None:
         return False
     db.add(
@@ -190,6 +184,7 @@ def try_join(db: Session, username: str, code: str, now: datetime) -> CourseReco
     return course_of(db, row)
 
 
+@writes
 def set_fallback(db: Session, slug: str, username: str, fallback: bool) -> None:
     """The student's choice: their own credit pays on when course hours run out."""
     row = db.get(Enrollment, (slug, username))
@@ -198,6 +193,7 @@ def set_fallback(db: Session, slug: str, username: str, fallback: bool) -> None:
     row.fallback = fallback
 
 
+@reads
 def students(db: Session, slug: str) -> list[tuple[str, str, bool]]:
     """(username, how they joined, fallback) of a course's students."""
     course_row(db, slug)
@@ -209,6 +205,7 @@ def students(db: Session, slug: str) -> list[tuple[str, str, bool]]:
     ]
 
 
+@writes
 def extra_hours(
     db: Session,
     slug: str,
@@ -218,8 +215,9 @@ def extra_hours(
     key: str,
     by: str,
     now: datetime,
+    *,
     terms: Terms,
-) -> tuple[TransactionRecord, bool]:
+) -> Saved[TransactionRecord]:
     """Grant ``username`` extra hours of the reference option for this week only, under
     ``grant:{key}``; a replay returns the first grant (False)."""
     row = course_row(db, slug)
@@ -353,7 +351,10 @@ def running_students(db: Session) -> list[tuple[str, str]]:
 # -- what students and instructors see -------------------------------------------------------
 
 
-def student_courses(db: Session, username: str, now: datetime, terms: Terms) -> list[StudentCourse]:
+@writes
+def student_courses(
+    db: Session, username: str, now: datetime, *, terms: Terms
+) -> list[StudentCourse]:
     """The user's active courses with what is left this week (weeks granted first)."""
     account = accounts.find(db, username)
     rows = db.execute(
@@ -382,6 +383,7 @@ def student_courses(db: Session, username: str, now: datetime, terms: Terms) -> 
     return result
 
 
+@reads
 def roster_usage(
     db: Session, slug: str, at: datetime
 ) -> tuple[CourseRecord, datetime, datetime, list[dict[str, Any]]]:

@@ -11,7 +11,10 @@ from the database session.
 :class:`Store` owns the engine and the transactions; the work of each operation is a function
 of a database session in the section modules beside this one (accounts, funding, prices,
 admission, sessions, charges, courses, check), and the decisions are pure, in
-:mod:`billing_service.domain`.
+:mod:`billing_service.domain`. Most methods are that function itself, marked in its
+section with ``@reads`` or ``@writes`` (:mod:`.operations`): its parameters (less the session
+and the store's :class:`~.terms.Terms`) and its docstring are the method's. The methods
+written here do more than run one such function.
 """
 
 from __future__ import annotations
@@ -27,20 +30,14 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..domain import ledger
-from ..domain.admission import Admission, check_admission_request, decide
-from ..domain.courses import JOIN_WINDOW, CourseRecord, CourseRules, StudentCourse
+from ..domain.admission import Admission, Claim, check_admission_request, decide
+from ..domain.courses import JOIN_WINDOW, CourseRecord
 from ..domain.errors import JoinRateLimited
 from ..domain.money import cost_micro
-from ..domain.pricing import PriceBook, check_price_class
-from ..domain.records import (
-    AccountState,
-    HoldRecord,
-    LedgerProblem,
-    PriceBookRecord,
-    SessionRecord,
-    TransactionRecord,
-)
+from ..domain.pricing import ON_DEMAND, PriceBook, check_price_class
+from ..domain.records import PriceBookRecord, Saved, TransactionRecord
 from . import accounts, admission, charges, check, courses, funding, postings, prices, sessions
+from .operations import WRITE, method, operations
 from .terms import Terms
 
 T = TypeVar("T")
@@ -53,8 +50,15 @@ def _deadlock(error: OperationalError) -> bool:
     return getattr(error.orig, "sqlstate", None) in ("40P01", "40001")
 
 
+def _term(name: str, doc: str) -> property:
+    """A read-only property for one of the store's :class:`~.terms.Terms`."""
+    return property(lambda self: getattr(self._terms, name), doc=doc)
+
+
+@operations(accounts, funding, postings, prices, admission, sessions, courses, check)
 class Store:
-    """Billing operations on one database."""
+    """Billing operations on one database: the methods written here, and those the
+    sections mark (``@reads``, ``@writes``; :mod:`.operations`)."""
 
     def __init__(
         self,
@@ -78,25 +82,16 @@ class Store:
         #: shard, and replicas most likely start elsewhere
         self._shard_base = random.randrange(ledger.REVENUE_SHARDS)
 
-    @property
-    def settings_price_book(self) -> PriceBook:
-        """The price book of the settings; ``sync_price_book`` records it as a version."""
-        return self._terms.price_book
-
-    @property
-    def trial_credit_micro(self) -> int:
-        """Credit a new account opens with."""
-        return self._terms.trial_credit_micro
-
-    @property
-    def min_billable_seconds(self) -> int:
-        """The period a spawn must be able to pay for."""
-        return self._terms.min_billable_seconds
-
-    @property
-    def hold_seconds(self) -> int:
-        """How long an admission's hold lasts unless its server starts."""
-        return self._terms.hold_seconds
+    settings_price_book = _term(
+        "price_book", "The price book of the settings; ``sync_price_book`` records it as a version."
+    )
+    trial_credit_micro = _term("trial_credit_micro", "Credit a new account opens with.")
+    min_billable_seconds = _term(
+        "min_billable_seconds", "The period a spawn must be able to pay for."
+    )
+    hold_seconds = _term(
+        "hold_seconds", "How long an admission's hold lasts unless its server starts."
+    )
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -128,74 +123,13 @@ class Store:
         """``work(db, *args, **kwargs)`` in one write transaction (:meth:`_write`)."""
         return self._write(lambda db: work(db, *args, **kwargs))
 
-    # -- accounts --------------------------------------------------------------------------
-
-    def open_account(self, username: str, now: datetime) -> tuple[AccountState, bool]:
-        """Open ``username``'s account with trial credit once; True when it was created."""
-
-        def work(db: Session) -> tuple[AccountState, bool]:
-            account, created = accounts.open_account(db, username, now, self.trial_credit_micro)
-            db.flush()
-            return accounts.state(db, account, now), created
-
-        return self._write(work)
-
-    def account(self, username: str, now: datetime) -> AccountState:
-        """The account of ``username``; ``NotFound`` when it was never opened."""
-        return self._read(lambda db: accounts.state(db, accounts.require(db, username), now))
-
-    def accounts(self, now: datetime) -> list[AccountState]:
-        """Every account, by username."""
-        return self._read(accounts.all_states, now)
-
-    def accounts_with_running_sessions(self, now: datetime) -> list[AccountState]:
-        """Every account that has at least one open session (rows, not ORM objects: enforcement
-        reads them all every few seconds)."""
-        return self._read(accounts.running_states, now)
-
     # -- funding ---------------------------------------------------------------------------
-
-    def grant(
-        self,
-        username: str,
-        kind: str,
-        amount_micro: int,
-        reason: str,
-        idempotency_key: str,
-        now: datetime,
-        *,
-        created_by: str = "",
-        course: str = "",
-    ) -> tuple[TransactionRecord, bool]:
-        """Fund (or, for an adjustment, debit) an account; the same key returns the first one.
-
-        ``kind`` is one of ``ledger.FUNDING_KINDS``; only adjustments may be negative, and
-        only allowances name a course."""
-        return self._run(
-            funding.grant,
-            username,
-            kind,
-            amount_micro,
-            reason,
-            idempotency_key,
-            now,
-            created_by=created_by,
-            course=course,
-        )
 
     def adjust(
         self, username: str, amount_micro: int, reason: str, idempotency_key: str, now: datetime
-    ) -> tuple[TransactionRecord, bool]:
+    ) -> Saved[TransactionRecord]:
         """An admin's signed adjustment of the paid pool (``grant`` of kind adjustment)."""
         return self.grant(username, "adjustment", amount_micro, reason, idempotency_key, now)
-
-    def transactions(self, username: str) -> list[TransactionRecord]:
-        """The ledger of ``username``, oldest first."""
-        return self._read(funding.transactions, username)
-
-    def revenue_micro(self) -> int:
-        """All charges so far, net of what final charges gave back: the sum of the shards."""
-        return self._read(postings.revenue_micro)
 
     # -- price books -----------------------------------------------------------------------
 
@@ -205,16 +139,6 @@ class Store:
         Before any version is recorded, the settings' book (version None)."""
         return self._read(prices.book_at, when, self.settings_price_book)
 
-    def price_books(self) -> list[PriceBookRecord]:
-        """Every published version, newest first."""
-        return self._read(prices.price_books)
-
-    def publish_price_book(
-        self, book: PriceBook, created_by: str, source: str, now: datetime
-    ) -> tuple[PriceBookRecord, bool]:
-        """Record ``book`` as the newest version unless it equals the newest one already."""
-        return self._run(prices.publish, book, created_by, source, now)
-
     def sync_price_book(self, now: datetime) -> PriceBookRecord:
         """At start-up: the settings' book becomes a new version if it changed since the
         settings were last recorded (an admin's later version stays in force otherwise)."""
@@ -222,7 +146,7 @@ class Store:
             self.publish_price_book(self.settings_price_book, "settings", "settings", now)
         return self.price_books()[0]
 
-    def price(self, sku: str, price_class: str = "on-demand", at: datetime | None = None) -> int:
+    def price(self, sku: str, price_class: str = ON_DEMAND, at: datetime | None = None) -> int:
         """Micro-credits per hour of ``sku`` at ``at`` (now); ``UnknownSku`` says what to do,
         ``ValueError`` when the price class does not fit the SKU."""
         check_price_class(sku, price_class)
@@ -236,7 +160,7 @@ class Store:
         sku: str,
         count: int,
         now: datetime,
-        price_class: str = "on-demand",
+        price_class: str = ON_DEMAND,
         *,
         hold: bool = True,
         idempotency_key: str | None = None,
@@ -253,80 +177,16 @@ class Store:
         check_admission_request(sku, price_class)
         price = self.price(sku, price_class)
         needed = cost_micro(price, count, self.min_billable_seconds)
-        state, placed, replayed, refusal = self._run(
-            admission.admit,
-            username,
-            sku,
-            count,
-            now,
-            price_class,
-            needed_micro=needed,
-            hold=hold,
-            idempotency_key=idempotency_key,
-            course=course,
-            terms=self._terms,
+        claim = Claim(sku, count, price_class, price, needed)
+        judged = self._judge(
+            username, claim, now, hold=hold, idempotency_key=idempotency_key, course=course
         )
-        return decide(
-            state,
-            sku=sku,
-            count=count,
-            price_per_hour_micro=price,
-            needed_micro=needed,
-            now=now,
-            min_billable_seconds=self.min_billable_seconds,
-            course=course,
-            hold=placed,
-            replayed=replayed,
-            refusal=refusal,
-        )
+        return decide(judged, claim, now, self.min_billable_seconds, course)
 
-    def release_hold(self, hold_id: str, now: datetime, reason: str = "released") -> HoldRecord:
-        """Give a hold's credit back (a start failed); a released hold stays as it was."""
-        return self._run(admission.release_hold, hold_id, now, reason)
-
-    def holds(self, username: str, now: datetime) -> list[HoldRecord]:
-        """Active holds of ``username``, oldest first."""
-        return self._read(admission.active_holds, username, now)
+    #: the admission's transaction: the facts judged, the hold placed
+    _judge = method(admission.admit, WRITE, "_judge")
 
     # -- sessions --------------------------------------------------------------------------
-
-    def start_session(
-        self,
-        session_id: str,
-        username: str,
-        server_name: str,
-        sku: str,
-        count: int,
-        started_at: datetime,
-        now: datetime,
-        price_class: str = "on-demand",
-        *,
-        hold_id: str | None = None,
-        course: str = "",
-    ) -> tuple[SessionRecord, bool]:
-        """Record a started server, priced by the book in force when it started; the same id
-        returns the first record. ``hold_id`` (its admission's hold) is released as started.
-
-        A data disk's storage session (sku "disk", price class "storage", count = GB) is named
-        "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise)."""
-        return self._run(
-            sessions.start_session,
-            session_id,
-            username,
-            server_name,
-            sku,
-            count,
-            started_at,
-            now,
-            price_class,
-            hold_id=hold_id,
-            course=course,
-            terms=self._terms,
-        )
-
-    def stop_session(self, session_id: str, ended_at: datetime, now: datetime) -> SessionRecord:
-        """Settle a session: final seconds and cost, the final charge. Replays change nothing."""
-        return self._run(sessions.stop_session, session_id, ended_at, now, self._terms)
 
     def post_interval_charges(
         self, now: datetime, interval_seconds: int, batch_size: int = 200, workers: int = 1
@@ -358,64 +218,12 @@ class Store:
             self._write, self._terms.revenue, now, interval_seconds, batch_size, shard
         )
 
-    def running_count(self) -> int:
-        """How many sessions are open."""
-        return self._read(sessions.running_count)
-
     def mark_seen(self, session_ids: list[str], at: datetime) -> None:
         """Record that the servers of ``session_ids`` were seen running at ``at``."""
         if session_ids:
             self._run(sessions.mark_seen, session_ids, at)
 
-    def sessions(
-        self,
-        username: str | None,
-        state: str | None = None,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> list[SessionRecord]:
-        """Sessions newest first; ``username`` None means everyone, ``state`` running|ended;
-        ``since``/``until`` keep those that overlap that time range."""
-        return self._read(sessions.sessions, username, state, since=since, until=until)
-
     # -- courses ---------------------------------------------------------------------------
-
-    def course(self, slug: str) -> CourseRecord:
-        """Course ``slug``; ``NotFound`` when there is none."""
-        return self._read(courses.course, slug)
-
-    def courses(
-        self, *, instructor: str | None = None, student: str | None = None
-    ) -> list[CourseRecord]:
-        """Courses by name: all, those ``instructor`` teaches, or those ``student`` takes."""
-        return self._read(courses.courses, instructor=instructor, student=student)
-
-    def teaches(self, username: str, slug: str) -> bool:
-        """Whether ``username`` is an instructor of course ``slug``."""
-        return self._read(courses.teaches, username, slug)
-
-    def is_instructor(self, username: str) -> bool:
-        """Made an instructor by an admin (GitHub-team instructors have the hub's scope)."""
-        return self._read(courses.is_instructor, username)
-
-    def make_instructor(self, username: str, granted_by: str, now: datetime) -> bool:
-        """Make ``username`` an instructor; False when they were one already."""
-        return self._run(courses.make_instructor, username, granted_by, now)
-
-    def create_course(
-        self, instructor: str, rules: CourseRules, slug: str, now: datetime, join_code: bool
-    ) -> CourseRecord:
-        """A new course taught by ``instructor``; ``ValueError`` if the slug is taken."""
-        return self._run(courses.create_course, instructor, rules, slug, now, join_code)
-
-    def archive_course(self, slug: str, now: datetime) -> CourseRecord:
-        """No new servers and no new weeks for it; its records stay."""
-        return self._run(courses.archive_course, slug, now)
-
-    def enroll(self, slug: str, username: str, source: str, now: datetime) -> bool:
-        """Make ``username`` a student (their billing account opens too); True when new."""
-        return self._run(courses.enroll, slug, username, source, now, self.trial_credit_micro)
 
     def enroll_by_groups(self, username: str, groups: list[str], now: datetime) -> list[str]:
         """At login: enrol ``username`` in every active course bound to one of their teams."""
@@ -438,29 +246,6 @@ class Store:
         self.enroll(course.slug, username, "code", now)
         return course
 
-    def set_fallback(self, slug: str, username: str, fallback: bool) -> None:
-        """The student's choice: their own credit pays on when course hours run out."""
-        self._run(courses.set_fallback, slug, username, fallback)
-
-    def students(self, slug: str) -> list[tuple[str, str, bool]]:
-        """(username, how they joined, fallback) of a course's students."""
-        return self._read(courses.students, slug)
-
-    def extra_hours(
-        self,
-        slug: str,
-        username: str,
-        hours: float,
-        reason: str,
-        key: str,
-        by: str,
-        now: datetime,
-    ) -> tuple[TransactionRecord, bool]:
-        """Grant ``username`` extra hours of the reference option for this week only."""
-        return self._run(
-            courses.extra_hours, slug, username, hours, reason, key, by, now, self._terms
-        )
-
     def roll_course_weeks(self, now: datetime) -> int:
         """Grant the new week to every student with a running course session (the charge
         pass runs this first, so a session crossing the boundary is split there)."""
@@ -473,20 +258,4 @@ class Store:
             )
         return len(pairs)
 
-    def student_courses(self, username: str, now: datetime) -> list[StudentCourse]:
-        """The user's active courses with what is left this week (weeks granted first)."""
-        return self._run(courses.student_courses, username, now, self._terms)
-
-    def roster_usage(
-        self, slug: str, at: datetime
-    ) -> tuple[CourseRecord, datetime, datetime, list[dict[str, Any]]]:
-        """Per student of the course: GPU-seconds, sessions and cost of course sessions in the
-        week containing ``at`` (sessions crossing a boundary count their part only)."""
-        return self._read(courses.roster_usage, slug, at)
-
     # -- the ledger check ------------------------------------------------------------------
-
-    def check_ledger(self) -> list[LedgerProblem]:
-        """Everything that would make the books wrong; an empty list means they balance
-        (what is checked: :func:`.check.check_ledger`)."""
-        return self._read(check.check_ledger)

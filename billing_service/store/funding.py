@@ -9,11 +9,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..domain import ledger
-from ..domain.records import TransactionRecord
+from ..domain.records import Saved, TransactionRecord
 from ..orm import LedgerTransaction
 from . import accounts, postings
+from .operations import reads, writes
 
 
+@writes
 def grant(
     db: Session,
     username: str,
@@ -25,9 +27,11 @@ def grant(
     *,
     created_by: str = "",
     course: str = "",
-) -> tuple[TransactionRecord, bool]:
-    """Post a grant under ``grant:{idempotency_key}``; a replay returns the first one (False).
-    ``ValueError`` for a grant ``ledger.check_funding`` refuses, ``NotFound`` for no account."""
+) -> Saved[TransactionRecord]:
+    """Fund (or, for an adjustment, debit) an account under ``grant:{idempotency_key}``; a
+    replay returns the first one (False). ``kind`` is one of ``ledger.FUNDING_KINDS``; only
+    adjustments may be negative, and only allowances name a course (``ValueError`` for a
+    grant ``ledger.check_funding`` refuses, ``NotFound`` for no account)."""
     ledger.check_funding(kind, amount_micro, course)
     key = f"grant:{idempotency_key}"
     existing = postings.find_transaction(db, key)
@@ -52,6 +56,7 @@ def grant(
     return postings.transaction_record(db, tx), True
 
 
+@reads
 def transactions(db: Session, username: str) -> list[TransactionRecord]:
     """The ledger of ``username``, oldest first; ``NotFound`` for no account."""
     account = accounts.require(db, username)

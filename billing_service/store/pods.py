@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from ..domain.pod_facts import MeteredSession, PodFacts
 from ..domain.pricing import STORAGE
 from ..orm import BillingSession, SessionPod
+from .rows import metered_session
 
 
 def bind_pod(engine: Engine, facts: PodFacts, now: datetime) -> None:
@@ -46,16 +47,4 @@ def open_metered_sessions(engine: Engine, namespace: str) -> list[MeteredSession
         .order_by(BillingSession.started_at, BillingSession.id)
     )
     with Session(engine) as db:
-        return [
-            MeteredSession(
-                session_id=pod.session_id,
-                namespace=pod.namespace,
-                pod_name=pod.pod_name,
-                pod_uid=pod.pod_uid,
-                username=session.username,
-                server_name=session.server_name,
-                started_at=session.started_at,
-                last_seen_at=session.last_seen_at,
-            )
-            for pod, session in db.execute(query).all()
-        ]
+        return [metered_session(pod, session) for pod, session in db.execute(query).all()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Required, TypedDict, Unpack
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
@@ -13,8 +14,20 @@ from sqlalchemy.orm import Session
 from ..domain import ledger
 from ..domain.records import TransactionRecord
 from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
+from .operations import reads
 
 LEDGER_ACCOUNTS = LedgerAccount.__table__
+
+
+class TransactionColumns(TypedDict, total=False):
+    """What a ledger transaction says besides its key and time: ``ledger_transactions``
+    columns, by name."""
+
+    kind: Required[str]
+    account_id: Required[int | None]
+    session_id: str | None
+    memo: str
+    created_by: str
 
 
 def ledger_account(
@@ -62,6 +75,7 @@ class RevenueShards:
         return ids
 
 
+@reads
 def revenue_micro(db: Session) -> int:
     """All charges so far, net of what final charges gave back: the sum of the shards."""
     total = db.scalar(
@@ -101,27 +115,16 @@ def post(
     db: Session,
     *,
     key: str,
-    kind: str,
-    account_id: int | None,
     moves: Sequence[tuple[LedgerAccount, int]],
     now: datetime,
-    memo: str = "",
-    created_by: str = "",
-    session_id: str | None = None,
+    **columns: Unpack[TransactionColumns],
 ) -> LedgerTransaction:
-    """One balanced transaction; each account's balance moves in the same transaction."""
+    """One balanced transaction under idempotency key ``key``, saying ``columns``; each
+    account's balance moves in the same transaction."""
     moves = [(account, amount) for account, amount in moves if amount]
     if sum(amount for _, amount in moves) != 0:
         raise AssertionError(f"unbalanced transaction {key}: {moves}")
-    tx = LedgerTransaction(
-        idempotency_key=key,
-        kind=kind,
-        account_id=account_id,
-        session_id=session_id,
-        memo=memo,
-        created_by=created_by,
-        created_at=now,
-    )
+    tx = LedgerTransaction(idempotency_key=key, created_at=now, **columns)
     db.add(tx)
     db.flush()
     for account, amount in moves:

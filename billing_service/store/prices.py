@@ -11,8 +11,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..domain.pricing import PriceBook, make_price_book
-from ..domain.records import PriceBookRecord
+from ..domain.records import PriceBookRecord, Saved
 from ..orm import PriceBookVersion
+from .operations import reads, writes
 
 
 def book_json(book: PriceBook) -> str:
@@ -67,6 +68,7 @@ def book_at(
     return record.version, record.book
 
 
+@reads
 def price_books(db: Session) -> list[PriceBookRecord]:
     """Every published version, newest first."""
     versions = db.scalars(
@@ -75,9 +77,10 @@ def price_books(db: Session) -> list[PriceBookRecord]:
     return [book_record(db, v) for v in versions]
 
 
+@writes(name="publish_price_book")
 def publish(
     db: Session, book: PriceBook, created_by: str, source: str, now: datetime
-) -> tuple[PriceBookRecord, bool]:
+) -> Saved[PriceBookRecord]:
     """Record ``book`` as the newest version unless it equals the newest one already (False)."""
     text = book_json(book)
     latest = db.scalar(select(PriceBookVersion).order_by(PriceBookVersion.version.desc()).limit(1))

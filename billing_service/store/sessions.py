@@ -17,15 +17,17 @@ from sqlalchemy.orm import Session
 
 from ..domain.errors import NotFound
 from ..domain.money import billed_seconds, cost_micro
-from ..domain.pricing import STORAGE, check_price_class, check_storage_session
-from ..domain.records import SessionRecord
+from ..domain.pricing import ON_DEMAND, STORAGE, check_price_class, check_storage_session
+from ..domain.records import Saved, SessionRecord
 from ..orm import BillingSession, Course, Enrollment
 from . import accounts, charges, courses, prices
 from .admission import hold_started
+from .operations import reads, writes
 from .rows import session_record
 from .terms import Terms
 
 
+@writes
 def start_session(
     db: Session,
     session_id: str,
@@ -35,15 +37,19 @@ def start_session(
     count: int,
     started_at: datetime,
     now: datetime,
-    price_class: str,
+    price_class: str = ON_DEMAND,
     *,
-    hold_id: str | None,
-    course: str,
+    hold_id: str | None = None,
+    course: str = "",
     terms: Terms,
-) -> tuple[SessionRecord, bool]:
-    """Record a started session (False: it was recorded already) and release its admission's
-    hold as started; ``ValueError`` for a request that does not fit its price class,
-    ``UnknownSku`` for a SKU without a price then."""
+) -> Saved[SessionRecord]:
+    """Record a started server, priced by the book in force when it started; the same id
+    returns the first record (False). ``hold_id`` (its admission's hold) is released as
+    started. ``ValueError`` for a request that does not fit its price class, ``UnknownSku``
+    for a SKU without a price then.
+
+    A data disk's storage session (sku "disk", price class "storage", count = GB) is named
+    "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise)."""
     check_price_class(sku, price_class)
     if price_class == STORAGE:
         check_storage_session(server_name, hold_id, course)
@@ -83,8 +89,9 @@ def start_session(
     return session_record(row), True
 
 
+@writes
 def stop_session(
-    db: Session, session_id: str, ended_at: datetime, now: datetime, terms: Terms
+    db: Session, session_id: str, ended_at: datetime, now: datetime, *, terms: Terms
 ) -> SessionRecord:
     """Settle a session: final seconds and cost, the final charge. Replays change nothing."""
     # the row lock makes a concurrent stop (or charge) wait, then see this one's result
@@ -112,6 +119,7 @@ def stop_session(
     return session_record(row)
 
 
+@reads
 def running_count(db: Session) -> int:
     """How many sessions are open."""
     return db.scalar(
@@ -128,6 +136,7 @@ def mark_seen(db: Session, session_ids: list[str], at: datetime) -> None:
     )
 
 
+@reads
 def sessions(
     db: Session,
     username: str | None,

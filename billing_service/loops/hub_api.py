@@ -1,0 +1,38 @@
+"""The hub's REST API as billing's loops call it: the service's token on every request, and
+the URLs of a user and of a server."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
+
+
+def user_url(api_url: str, username: str) -> str:
+    """The hub REST URL of ``username``."""
+    return f"{api_url.rstrip('/')}/users/{quote(username, safe='')}"
+
+
+def server_url(api_url: str, username: str, server_name: str) -> str:
+    """The hub REST URL that stops ``username``'s server (the default one has name "")."""
+    user = user_url(api_url, username)
+    if not server_name:
+        return f"{user}/server"
+    return f"{user}/servers/{quote(server_name, safe='')}"
+
+
+class HubAPI:
+    """Requests to the hub's REST API at ``api_url`` with billing's ``api_token``."""
+
+    def __init__(
+        self, api_url: str, api_token: str, http_client: AsyncHTTPClient | None = None
+    ) -> None:
+        self.api_url = api_url
+        self._api_token = api_token
+        self.http_client = http_client or AsyncHTTPClient()
+
+    async def fetch(self, url: str, method: str = "GET") -> HTTPResponse:
+        """``method`` ``url`` with the token; ``HTTPClientError`` when the hub answers an
+        error, ``OSError`` when it cannot be reached."""
+        headers = {"Authorization": f"token {self._api_token}"}
+        return await self.http_client.fetch(HTTPRequest(url, method=method, headers=headers))
