@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 from sqlalchemy import insert, select
-from sqlalchemy.engine import make_url
 from tornado import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,24 +41,10 @@ from billing_service.migrate import open_database  # noqa: E402
 from billing_service.orm import Account, BillingSession, LedgerAccount  # noqa: E402
 from gputap_common.money import format_credits  # noqa: E402
 from gputap_common.settings import load_settings  # noqa: E402
+from tests.postgres import fresh_postgres_database  # noqa: E402
 
-POSTGRES_URL = os.environ.get(
-    "GPUTAP_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 INTERVAL = 30
-
-
-def admin_connection() -> psycopg.Connection:
-    url = make_url(POSTGRES_URL)
-    return psycopg.connect(
-        host=url.host,
-        port=url.port or 5432,
-        user=url.username,
-        password=url.password,
-        dbname=url.database or "postgres",
-        autocommit=True,
-    )
 
 
 def populate(store: store_module.Store, sessions: int, broke_every: int) -> None:
@@ -182,11 +164,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    name = f"gputap_billing_bench_{uuid.uuid4().hex[:8]}"
-    with admin_connection() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    try:
+    with fresh_postgres_database("gputap_billing_bench") as url:
         prices = load_settings(environ={}).billing["prices"]
         store = store_module.Store(
             open_database(url),
@@ -215,9 +193,6 @@ def main() -> None:
             f"{ledger.REVENUE_SHARDS} shards ({', '.join(code[-1] for code, _ in shards)})"
         )
         store.engine.dispose()
-    finally:
-        with admin_connection() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

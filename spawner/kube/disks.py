@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -155,23 +156,17 @@ def link_script(
     )
 
 
+@dataclass
 class KubeDiskStore:
     """Disks as PersistentVolumeClaims in ``namespace``, through kubernetes_asyncio's CoreV1Api
-    (KubeSpawner's shared client in the hub)."""
+    (KubeSpawner's shared client in the hub), of at most ``max_size_gb`` each and
+    ``max_disks`` per user, in ``storage_class`` ("" the cluster's default)."""
 
-    def __init__(
-        self,
-        api: Any,
-        namespace: str,
-        storage_class: str = "",
-        max_size_gb: int = 100,
-        max_disks: int = 5,
-    ):
-        self.api = api
-        self.namespace = namespace
-        self.storage_class = storage_class
-        self.max_size_gb = max_size_gb
-        self.max_disks = max_disks
+    api: Any
+    namespace: str
+    storage_class: str = ""
+    max_size_gb: int = 100
+    max_disks: int = 5
 
     def _lock(self, user: str) -> asyncio.Lock:
         key = (asyncio.get_running_loop(), self.namespace, user)

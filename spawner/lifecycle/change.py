@@ -80,14 +80,15 @@ class Change:
         )
 
     def view(self) -> dict[str, Any]:
+        """The status as ``GET {server}/change`` answers it (docs/lab.md)."""
+        times = {"started_at": self.started_at, "finished_at": self.finished_at}
         return {
             "state": self.state,
             "from": self.from_key,
             "to": self.to_key,
             "reason": self.reason,
             "message": self.message,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            **{key: at.isoformat() if at else None for key, at in times.items()},
         }
 
 

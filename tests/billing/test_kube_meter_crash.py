@@ -30,8 +30,8 @@ from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.api import NAMESPACE, POD
 from tests.platform import free_port
+from tests.postgres import fresh_postgres_database
 
-from .conftest import fresh_postgres_database
 from .kube_pods import NAMESPACE as NS
 from .kube_pods import Truth, gputap_pod, killing_times
 
