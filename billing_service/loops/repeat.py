@@ -35,8 +35,12 @@ async def repeat(
 
 
 class Loop:
-    """A background loop: :meth:`check` every ``interval_seconds``, through :func:`repeat`.
-    A subclass sets ``interval_seconds`` and says how a failed pass is logged."""
+    """A background loop: ``check()`` every ``interval_seconds``, through :func:`repeat`.
+    A subclass defines ``async check()`` (one pass), sets ``interval_seconds`` and says how a
+    failed pass is logged."""
+
+    #: one pass (each subclass defines it)
+    check: Callable[[], Awaitable[object]]
 
     interval_seconds: float
     #: the log a failed pass is written to, and what it says
@@ -46,10 +50,6 @@ class Loop:
     errors: str | None = None
     #: wait one interval before the first pass
     wait_first: bool = False
-
-    async def check(self) -> object:
-        """One pass."""
-        raise NotImplementedError
 
     async def run(self) -> None:
         """Check forever, every ``interval_seconds``; one failing pass does not end it."""
