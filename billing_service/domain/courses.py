@@ -29,9 +29,8 @@ from .money import billed_seconds, cost_micro, parse_credits
 from .pricing import PriceBook
 from .records import SessionRecord
 
-SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{1,62}$")
-TEAM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-OFFERING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?$")
+TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+OFFERING = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?")
 MAX_WEEKLY_HOURS = 168
 MAX_GPUS = 64
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -100,7 +99,7 @@ def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRule
             '"A100-80GB/1g.10gb"]'
         )
     for sku in allowed:
-        if not isinstance(sku, str) or not OFFERING.match(sku):
+        if not isinstance(sku, str) or not OFFERING.fullmatch(sku):
             raise ValueError(f"allowed: {sku!r} is not an option such as T4 or A100-80GB/1g.10gb")
         if sku not in known_skus:
             raise ValueError(f"allowed: {sku!r} has no price; see GET api/prices for the options")
@@ -114,7 +113,7 @@ def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRule
         if cap_micro <= 0:
             raise ValueError("budget_cap must be positive, or left out for no cap")
     team = body.get("github_team")
-    if team is not None and (not isinstance(team, str) or not TEAM.match(team)):
+    if team is not None and (not isinstance(team, str) or not TEAM.fullmatch(team)):
         raise ValueError(f"github_team must be 'org:team-slug', not {team!r}")
     weekday = body.get("reset_weekday", "monday")
     if not isinstance(weekday, str) or weekday.lower() not in WEEKDAYS:

@@ -20,7 +20,7 @@ from gputap_common.money import format_credits
 from .errors import UnknownSku
 from .money import MAX_PRICE_MICRO, parse_credits
 
-MIG_PROFILE = re.compile(r"^([1-7])g\.(\d+)gb$")
+MIG_PROFILE = re.compile(r"([1-7])g\.(\d+)gb")
 SHARED = "shared"
 MIG_SLICES_PER_CARD = 7
 
@@ -111,7 +111,7 @@ class PriceBook:
         if profile == SHARED:
             # half up: floor(card * percent / 100 + 1/2)
             return (2 * self.cards[card] * self.shared_percent + 100) // 200
-        match = MIG_PROFILE.match(profile)
+        match = MIG_PROFILE.fullmatch(profile)
         if not match:
             return None
         g = int(match.group(1))
@@ -190,7 +190,7 @@ def make_price_book(
                     f"billing.prices[{sku!r}]: a disk is priced per GB-hour as 'disk', "
                     "it has no slices"
                 )
-            if not card or not (MIG_PROFILE.match(profile) or profile == SHARED):
+            if not card or not (MIG_PROFILE.fullmatch(profile) or profile == SHARED):
                 raise ValueError(
                     f"billing.prices[{sku!r}]: a slice price needs CARD/<g>g.<m>gb or "
                     "CARD/shared, e.g. A100-80GB/1g.10gb"

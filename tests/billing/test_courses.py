@@ -38,6 +38,8 @@ def make_course(store, slug="dl101", **rules):
         ({"max_concurrent_gpus": 0}, "max_concurrent_gpus must be a whole number"),
         ({"budget_cap": "-5"}, "budget_cap must be positive"),
         ({"github_team": "no-colon"}, "github_team must be 'org:team-slug'"),
+        # names are matched whole: a trailing newline is no team
+        ({"github_team": "acme:ml-staff\n"}, "github_team must be 'org:team-slug'"),
         ({"reset_weekday": "someday"}, "reset_weekday must be one of"),
         ({"reset_time": "25:00"}, "reset_time must be HH:MM"),
         ({"timezone": "Mars/Olympus"}, "timezone must be an IANA name"),

@@ -105,7 +105,8 @@ def test_course_funded_options_come_first_with_hours_left():
         "course": "dl101",
     }
     assert parse_options(options, CATALOG).course == "dl101"
-    for bad in ({"course": 5}, {"course": "Not A Slug"}, {"course": "dl101", "spot": True}):
+    bad_courses = ({"course": 5}, {"course": "Not A Slug"}, {"course": "dl101\n"})
+    for bad in (*bad_courses, {"course": "dl101", "spot": True}):
         try:
             parse_options({"kind": "card", "card": "T4", **bad}, CATALOG)
         except RequestError as e:
