@@ -23,7 +23,9 @@ def test_hub_restart_keeps_running_servers_and_rebuilds_the_inventory(platform, 
     platform.stop_hub()
     time.sleep(1)
     platform.start()
-    assert platform.server("eve")["ready"]
+    # the restarted hub checks eve's server in the background once init_spawners_timeout
+    # (10 s) has passed, which a loaded machine can take: wait for that check, not longer
+    assert platform.wait_ready("eve", timeout=60)["ready"]
     reach(platform, "eve")
     assert pod_of(cluster, "eve")["metadata"]["uid"] == uid  # the same pod, never restarted
     # the rebuilt inventory knows the L40S node is full
