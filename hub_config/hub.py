@@ -196,13 +196,12 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     """The hub's own gputap handlers (the spec preview, the user's account) and the credit
     banner on every hub page (templates/page.html extends JupyterHub's page.html)."""
     from spawner import api
-    from spawner.api import account
 
     c.JupyterHub.extra_handlers = list(api.default_handlers)
     c.JupyterHub.template_paths = [str(TEMPLATES)]
     c.JupyterHub.template_vars = {
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
-        "gputap_account_url": f"{base_url}hub/{account.ACCOUNT_PATH}",
+        "gputap_account_url": f"{base_url}hub/{api.account.ACCOUNT_PATH}",
         "gputap_credit_refresh_seconds": float(hub["credit_banner_refresh_seconds"]),
     }
 

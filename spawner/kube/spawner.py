@@ -259,7 +259,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def stopped(self, record: ServerRecord, requested: datetime) -> datetime:
         """The earlier of the stop request and the pod's end (its container's finish, or its
         deletion), as the watch saw it; a preempted spot server leaves a notice."""
-        self._pod_requested = False
         watcher = _watchers.get(asyncio.get_running_loop())
         ended = watcher.ended.pop(self.pod_key, None) if watcher else None
         reason = self._preemption(record)

@@ -84,10 +84,6 @@ class BillingClient:
         except ValueError:
             raise BillingUnavailable(f"billing answered {method} {path} with no JSON") from None
 
-    async def prices(self, skus: list[str]) -> dict[str, int]:
-        """Price per hour in micro-credits of each SKU that has one."""
-        return (await self.price_book(skus))[0]
-
     async def price_book(
         self, skus: list[str], price_class: str = "on-demand"
     ) -> tuple[dict[str, int], int]:

@@ -327,7 +327,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         billed = result.get("billed_seconds") if result else "(pending)"
         self.log.info("%s: stopped; billed %s s (session %s)", self.who, billed, record.session_id)
 
-    # -- backend hooks (see the module's table) ---------------------------------------------
+    # -- backend hooks (the module's docstring says what each does) ------------------------
 
     # required of every backend, with gpu_free_view() and disk_store / disk_path():
     # gpu_views, take_devices, release_devices and launch; these have defaults:
