@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -38,10 +39,32 @@ OPS_SCOPES = [
 ]
 
 
+def _ephemeral_ports() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, for a server this test starts a moment later.
+
+    Never one of the kernel's ephemeral ports: between this check and the server's bind, any
+    outgoing connection of the machine (there are many while the tests run) may take an
+    ephemeral port as its own end, and the server then fails with EADDRINUSE while whatever
+    else answers there looks like it (seen: a test's proxy port taken, its requests
+    answered by another test's hub)."""
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in range(20000, 32768) if p not in ephemeral]
+    while True:
+        port = random.choice(candidates)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 class Platform:
