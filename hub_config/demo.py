@@ -11,6 +11,7 @@ starts the tests' stand-in of GitHub and then this, configured to log in through
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -19,9 +20,47 @@ import time
 import urllib.request
 from pathlib import Path
 
-from gputap_common.settings import load_settings
+from gputap_common.settings import Settings, load_settings
 
 from .hub import DEV_LOGIN_NOTICE, ROOT
+
+
+#: who the demo makes admin and instructor when nobody is (the development login only)
+DEMO_ADMIN = "admin"
+DEMO_INSTRUCTOR = "teacher"
+
+
+def role_environment(settings: Settings) -> dict[str, str]:
+    """Settings overrides naming the demo's admin and instructor, so one person can play
+    every role. Only with the development login (any name signs in, nothing is at stake)
+    and only for roles the settings leave empty: roles an operator named are theirs."""
+    if settings.hub["github"]["client_id"]:
+        return {}
+    values: dict[str, list[str]] = {}
+    if not settings.hub["admin_users"]:
+        values["GPUTAP__HUB__ADMIN_USERS"] = [DEMO_ADMIN]
+    if not settings.courses["instructors"] and not settings.courses["instructor_teams"]:
+        values["GPUTAP__COURSES__INSTRUCTORS"] = [DEMO_INSTRUCTOR]
+    # override values are read as YAML: JSON keeps them lists of strings
+    return {name: json.dumps(value) for name, value in values.items()}
+
+
+def _who(users: list[str], teams: list[str]) -> str:
+    parts = [f"sign in as {', '.join(users)}"] if users else []
+    parts += [f"a member of {', '.join(teams)}"] if teams else []
+    return " or ".join(parts) or "nobody (set it in the settings)"
+
+
+def roles_text(settings: Settings) -> str:
+    """How to play each role, as the demo prints it at start."""
+    hub, courses = settings.hub, settings.courses
+    admin = _who(hub["admin_users"], hub["github"]["admin_teams"])
+    instructor = _who(courses["instructors"], courses["instructor_teams"])
+    return (
+        f"  Roles: admin: {admin} (hub admin page, every billing account)\n"
+        f"         instructor: {instructor} (Courses: create one, see its roster)\n"
+        "         student: anyone else who signs in (trial credit; join a course by its code)\n"
+    )
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
@@ -37,7 +76,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
 
 
 def main() -> int:
-    settings = load_settings()
+    roles = role_environment(load_settings())
+    settings = load_settings(environ={**os.environ, **roles})
     hub = settings.hub
     base = "/" + hub["base_url"].strip("/")
     base = base.rstrip("/") + "/"
@@ -47,7 +87,7 @@ def main() -> int:
     log_path = settings.data_dir / "jupyterhub.log"
     config = ROOT / "hub_config" / "jupyterhub_config.py"
     # the hub runs in the data directory: give it that directory as an absolute path
-    env = {**os.environ, "GPUTAP__DATA_DIR": str(settings.data_dir)}
+    env = {**os.environ, **roles, "GPUTAP__DATA_DIR": str(settings.data_dir)}
     github = hub["github"]
     login = DEV_LOGIN_NOTICE
     if github["client_id"]:
@@ -71,6 +111,7 @@ def main() -> int:
         print(
             f"\n  gputap is running: open {url}\n"
             f"  Login: {login}\n"
+            f"{roles_text(settings)}"
             f"  Billing page: {url}services/billing/\n"
             f"  Data (homes, databases): {Path(settings.data_dir)}\n"
             "  Press Ctrl-C to stop.\n",

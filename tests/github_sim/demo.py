@@ -58,6 +58,8 @@ def stand_in_environment(url: str) -> dict[str, str]:
         "GPUTAP__HUB__GITHUB__URL": url,
         "GPUTAP__HUB__GITHUB__LOGIN_SERVICE": "GitHub stand-in",
         "GPUTAP__HUB__GITHUB__ADMIN_TEAMS": ["demo-uni:hub-admins"],
+        # Bob maintains demo-uni:ml-staff (demo-users.yaml): the demo's instructor
+        "GPUTAP__COURSES__INSTRUCTOR_TEAMS": ["demo-uni:ml-staff"],
         "GPUTAP__HUB__LOGIN_NOTICE": STAND_IN_NOTICE,
         # the demo's test users are all the person running it
         "GPUTAP__SPAWNER__ALLOW_SHARED_UNIX_USER": True,

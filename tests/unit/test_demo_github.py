@@ -37,3 +37,18 @@ def test_demo_stand_in_serves_the_demo_users(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_demo_stand_in_instructor_team_is_an_instructor_team(tmp_path, monkeypatch):
+    """Bob maintains demo-uni:ml-staff, the team the demo users' file calls the instructors':
+    the demo makes it an instructor team (on main it was only a label)."""
+    monkeypatch.delenv("JUPYTERHUB_CRYPT_KEY", raising=False)
+    f = tmp_path / "g.yaml"
+    f.write_text(f"data_dir: {tmp_path}\n")
+    c = Config()
+    settings = load_settings(f, environ=stand_in_environment("http://127.0.0.1:1234"))
+    apply(c, settings)
+    assert settings.courses["instructor_teams"] == ["demo-uni:ml-staff"]
+    roles = {role["name"]: role for role in c.JupyterHub.load_roles}
+    assert roles["gputap-instructor"]["groups"] == ["demo-uni:ml-staff"]
+    assert roles["gputap-billing-admin"]["groups"] == ["demo-uni:hub-admins"]
