@@ -24,7 +24,6 @@ from gputap_common.settings import Settings, load_settings
 
 from .hub import DEV_LOGIN_NOTICE, ROOT
 
-
 #: who the demo makes admin and instructor when nobody is (the development login only)
 DEMO_ADMIN = "admin"
 DEMO_INSTRUCTOR = "teacher"
