@@ -67,6 +67,19 @@ def pool_code(username: str, pool: str, course: str = "") -> str:
     return f"user:{_part(username)}:{pool}"
 
 
+def course_of_pool(code: str) -> str:
+    """The course of an allowance pool's code (``user:a:allowance:intro`` -> ``intro``)."""
+    part = code.rsplit(":allowance:", 1)[1]
+    return part.replace("%3A", ":").replace("%25", "%")
+
+
+def pool_name(code: str) -> tuple[str, str]:
+    """(pool, course) of a user's pool code: ("trial", ""), ("paid", ""), ("allowance", C)."""
+    if ":allowance:" in code:
+        return "allowance", course_of_pool(code)
+    return code.rsplit(":", 1)[1], ""
+
+
 def funding_pool(kind: str) -> str:
     """The pool a funding ``kind`` credits."""
     return _POOL[kind]

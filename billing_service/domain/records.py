@@ -101,6 +101,53 @@ class HoldRecord:
 
 
 @dataclass(frozen=True)
+class OwnMoney:
+    """The user's own credit: trial and paid pools, and the servers and disks it pays for.
+
+    ``balance`` already has the posted charges of running sessions taken off; ``uncharged``
+    is what they cost beyond those charges (and what course sessions that pay on cost beyond
+    their course's allowance), so ``available = balance - uncharged`` and ``free = available
+    - held`` (what a new server may claim)."""
+
+    trial_micro: int
+    paid_micro: int
+    running_cost_micro: int
+    charged_micro: int
+    uncharged_micro: int
+    held_micro: int
+    rate_per_hour_micro: int
+
+    @property
+    def balance_micro(self) -> int:
+        return self.trial_micro + self.paid_micro
+
+    @property
+    def available_micro(self) -> int:
+        return self.balance_micro - self.uncharged_micro
+
+    @property
+    def free_micro(self) -> int:
+        return self.available_micro - self.held_micro
+
+
+@dataclass(frozen=True)
+class CourseMoney:
+    """One course's allowance for this student: the pool, and what is left of it after its
+    running sessions' cost beyond their charges."""
+
+    course: str
+    pool_micro: int
+    available_micro: int
+    rate_per_hour_micro: int
+
+
+@dataclass(frozen=True)
+class Money:
+    own: OwnMoney
+    courses: tuple[CourseMoney, ...]
+
+
+@dataclass(frozen=True)
 class AccountState:
     """An account's pools, open sessions and active holds: enough to price it at any ``now``."""
 
@@ -160,6 +207,42 @@ class AccountState:
             available = self.balance_micro - theirs - sum(s.uncharged_at(now) for s in rest)
             groups.append(("", available, rest))
         return groups
+
+    def money_at(self, now: datetime) -> Money:
+        """The account's money as two kinds a user must not confuse: their own credit (trial
+        and paid pools) and each course's allowance, each less what its running sessions cost
+        beyond their charges. A course session that pays on with the student's own credit
+        (``fallback``) takes from the course first, and what the course cannot cover from the
+        own credit. ``available_at`` is exactly the own credit's available plus the courses'."""
+        courses = []
+        overflow = 0
+        for code, pool in sorted(self.pools.items()):
+            if ":allowance:" not in code:
+                continue
+            course = ledger.course_of_pool(code)
+            sessions = tuple(s for s in self.running if s.course == course)
+            left = pool - sum(s.uncharged_at(now) for s in sessions)
+            if left < 0 and any(s.fallback for s in sessions):
+                overflow, left = overflow + left, 0
+            courses.append(
+                CourseMoney(
+                    course=course,
+                    pool_micro=pool,
+                    available_micro=left,
+                    rate_per_hour_micro=sum(s.rate_per_hour_micro for s in sessions),
+                )
+            )
+        own_sessions = tuple(s for s in self.running if not s.course)
+        own = OwnMoney(
+            trial_micro=self.pools.get(ledger.pool_code(self.username, "trial"), 0),
+            paid_micro=self.pools.get(ledger.pool_code(self.username, "paid"), 0),
+            running_cost_micro=sum(s.cost_at(now) for s in own_sessions),
+            charged_micro=sum(min(s.charged_micro, s.cost_at(now)) for s in own_sessions),
+            uncharged_micro=sum(s.uncharged_at(now) for s in own_sessions) - overflow,
+            held_micro=self.held_micro,
+            rate_per_hour_micro=sum(s.rate_per_hour_micro for s in own_sessions),
+        )
+        return Money(own=own, courses=tuple(courses))
 
     def admissible_at(self, now: datetime, min_billable_seconds: int) -> int:
         """Credit a new server may claim: available less active holds, and less the rest of

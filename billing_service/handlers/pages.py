@@ -16,7 +16,7 @@ from ..domain.courses import WEEKDAYS
 from ..domain.usage import daily_gpu_hours
 from .base import BaseHandler
 from .courses import CourseHandler
-from .views import course_view, price_book_view, session_view, student_course_view
+from .views import course_view, format_hours, price_book_view, session_view, student_course_view
 
 #: days of GPU-hours the user's page charts
 CHART_DAYS = 30
@@ -35,10 +35,15 @@ class PageHandler(BaseHandler):
         )
         recent = await self.blocking(self.store.sessions, self.caller, since=since)
         ended = await self.blocking(self.store.sessions, self.caller, "ended")
+        paid = await self.blocking(self.store.session_funding, [s.id for s in ended])
+        taken = await self.blocking(self.store.student_courses, self.caller, now)
         self.render(
             "billing.html",
             account=self.account_json(state, now),
-            ended=[session_view(s, now) for s in ended],
+            ended=[session_view(s, now, paid.get(s.id, ())) for s in ended],
+            courses={t.course.slug: student_course_view(t) for t in taken},
+            prices={t.course.slug: {k: v for k, v in t.prices.items() if v} for t in taken},
+            hours=format_hours,
             chart=daily_gpu_hours(recent, now, since, None),
             api_url=self.request.path.rstrip("/") + "/api/me",
             # the page's fetches are cookie-authenticated: HubOAuth checks this token

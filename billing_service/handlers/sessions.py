@@ -3,7 +3,6 @@ start and stop, listing sessions, releasing and listing holds."""
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from tornado import web
@@ -62,8 +61,11 @@ class SessionsHandler(APIHandler):
             username = self.caller
         if username is not None:
             self.require_reader_of(username)
-        view = functools.partial(session_view, now=self.now())
-        await self.write_records("sessions", view, self.store.sessions, username, state)
+        now = self.now()
+        sessions = await self.blocking(self.store.sessions, username, state)
+        paid = await self.blocking(self.store.session_funding, [s.id for s in sessions])
+        views = [session_view(s, now, paid.get(s.id, ())) for s in sessions]
+        self.write_json({"sessions": views})
 
     @web.authenticated
     async def post(self) -> None:

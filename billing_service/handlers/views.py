@@ -35,9 +35,42 @@ def record_view(record: Any) -> dict[str, Any]:
     return view
 
 
-def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
-    """A session; a running one shows its seconds and cost so far."""
+#: one pool's part in paying for a session: (pool, course, course name, micro-credits)
+Paid = tuple[str, str, str, int]
+
+
+def paid_by_view(paid: tuple[Paid, ...]) -> list[dict[str, Any]]:
+    """What paid for a session so far, pool by pool in funding order."""
+    return [
+        {
+            "pool": pool,
+            "course": course or None,
+            "name": f"course {name}" if pool == "allowance" else pool,
+            "amount_micro": micro,
+            "amount": format_credits(micro),
+        }
+        for pool, course, name, micro in paid
+    ]
+
+
+def paid_by_text(paid: tuple[Paid, ...]) -> str:
+    """ "trial", "paid", "course Intro to DL", or a mix with the amounts: "course Intro to DL
+    0.50 + trial 0.25"; "" when nothing was charged yet."""
+    parts = paid_by_view(paid)
+    if len(parts) == 1:
+        return parts[0]["name"]
+    return " + ".join(f"{p['name']} {p['amount']}" for p in parts)
+
+
+def session_view(
+    session: SessionRecord, now: datetime, paid: tuple[Paid, ...] | None = None
+) -> dict[str, Any]:
+    """A session; a running one shows its seconds and cost so far. With ``paid`` (what its
+    charges took from each pool), also what paid for it."""
     cost = session.cost_at(now)
+    extra = {}
+    if paid is not None:
+        extra = {"paid_by": paid_by_view(paid), "paid_by_text": paid_by_text(paid)}
     return {
         "id": session.id,
         "username": session.username,
@@ -56,6 +89,7 @@ def session_view(session: SessionRecord, now: datetime) -> dict[str, Any]:
         "course": session.course,
         "price_book_version": session.price_book_version,
         "state": "ended" if session.ended_at is not None else "running",
+        **extra,
     }
 
 
@@ -95,6 +129,14 @@ def warnings_view(
             ),
         }
     ]
+
+
+def format_hours(hours: float) -> str:
+    """4.5 h, 12 h, 0.3 h: one decimal below ten hours, floored so it never promises more
+    (as the spawn form writes course hours)."""
+    if hours >= 10:
+        return f"{int(hours)} h"
+    return f"{int(hours * 10) / 10:g} h"
 
 
 def format_duration_short(seconds: int) -> str:
@@ -146,7 +188,54 @@ def account_view(
         ],
         "running": [session_view(s, now) for s in state.servers],
         "storage": [session_view(s, now) for s in state.disks],
+        **money_view(state, now),
         "as_of": now.isoformat(),
+    }
+
+
+def _credits(**amounts: int) -> dict[str, Any]:
+    """``NAME_micro`` and ``NAME`` (exact credits) for each amount."""
+    view: dict[str, Any] = {}
+    for name, micro in amounts.items():
+        view[f"{name}_micro"] = micro
+        view[name] = format_credits(micro)
+    return view
+
+
+def money_view(state: AccountState, now: datetime) -> dict[str, Any]:
+    """The account's money apart: ``credit`` (own: trial + paid) with the arithmetic its
+    page shows, and ``courses`` (each course's allowance left). Course hours are never
+    credit; ``available`` above is the two together."""
+    money = state.money_at(now)
+    own = money.own
+    return {
+        "credit": {
+            **_credits(
+                trial=own.trial_micro,
+                paid=own.paid_micro,
+                balance=own.balance_micro,
+                running_cost=own.running_cost_micro,
+                charged=own.charged_micro,
+                uncharged=own.uncharged_micro,
+                available=own.available_micro,
+                held=own.held_micro,
+                free=own.free_micro,
+                rate_per_hour=own.rate_per_hour_micro,
+            ),
+            "seconds_left": seconds_covered(own.available_micro, own.rate_per_hour_micro),
+        },
+        "courses": [
+            {
+                "course": c.course,
+                **_credits(
+                    allowance=c.pool_micro,
+                    available=c.available_micro,
+                    rate_per_hour=c.rate_per_hour_micro,
+                ),
+                "seconds_left": seconds_covered(c.available_micro, c.rate_per_hour_micro),
+            }
+            for c in money.courses
+        ],
     }
 
 

@@ -15,16 +15,20 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from ..domain import ledger
 from ..domain.errors import NotFound
 from ..domain.money import billed_seconds, cost_micro
 from ..domain.pricing import ON_DEMAND, STORAGE, check_price_class, check_storage_session
 from ..domain.records import Saved, SessionRecord
-from ..orm import BillingSession, Course, Enrollment
+from ..orm import BillingSession, Course, Enrollment, LedgerAccount, LedgerTransaction, Posting
 from . import accounts, charges, courses, prices
 from .admission import hold_started
 from .operations import reads, writes
 from .rows import session_record
 from .terms import Terms
+
+#: one pool's part in paying for a session: (pool, course, course name, micro-credits)
+Paid = tuple[str, str, str, int]
 
 
 @writes
@@ -160,3 +164,32 @@ def sessions(
         query = query.where(BillingSession.started_at < until)
     query = query.order_by(BillingSession.started_at.desc(), BillingSession.id.desc())
     return [session_record(row) for row in db.scalars(query)]
+
+
+@reads
+def session_funding(db: Session, session_ids: list[str]) -> dict[str, tuple[Paid, ...]]:
+    """What paid for each session so far: (pool, course, course name, micro-credits) per
+    pool its charges took from ("trial", "paid", or "allowance" of a course), in funding
+    order; a session nothing was charged for yet has none."""
+    if not session_ids:
+        return {}
+    taken = func.sum(Posting.amount_micro)
+    rows = db.execute(
+        select(LedgerTransaction.session_id, LedgerAccount.code, Course.name, taken)
+        .join(Posting, Posting.transaction_id == LedgerTransaction.id)
+        .join(LedgerAccount, LedgerAccount.id == Posting.ledger_account_id)
+        .outerjoin(Course, (LedgerAccount.course == Course.slug) & (LedgerAccount.course != ""))
+        .where(
+            LedgerTransaction.session_id.in_(session_ids),
+            LedgerTransaction.kind == ledger.CHARGE,
+            LedgerAccount.account_id.is_not(None),
+        )
+        .group_by(LedgerTransaction.session_id, LedgerAccount.code, Course.name)
+    ).all()
+    order = {"allowance": 0, "trial": 1, "paid": 2}
+    paid: dict[str, list[Paid]] = {}
+    for session_id, code, name, amount in rows:
+        pool, course = ledger.pool_name(code)
+        if -amount:
+            paid.setdefault(session_id, []).append((pool, course, name or course, -int(amount)))
+    return {k: tuple(sorted(v, key=lambda p: (order.get(p[0], 3), p[1]))) for k, v in paid.items()}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 
 from gputap_common.money import format_credits
 
+from .asking import Credit, Refused, format_duration, picked_value
 from .catalog import Offering
 from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
 
@@ -29,16 +30,6 @@ class Choice:
     max_count: int
     price_per_hour_micro: int | None
     alternatives: tuple[Alternative, ...] = ()
-
-
-def format_duration(seconds: int | None) -> str:
-    """Seconds as "2 h 05 min", "45 min" or "under 1 min"."""
-    if seconds is None:
-        return "unlimited"
-    if seconds < 60:
-        return "under 1 min"
-    hours, minutes = divmod(seconds // 60, 60)
-    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
 
 
 def credit_lasts(available_micro: int, price_per_hour_micro: int) -> int:
@@ -61,9 +52,29 @@ def _what(offering: Offering) -> str:
     return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS"
 
 
-def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool) -> str:
+def _choice_id(value: str) -> str:
+    return "gputap-c-" + "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in value)
+
+
+def _alternatives(alternatives: Sequence[Alternative]) -> str:
+    """Buttons that select each alternative's own row (outside any label, so a click on
+    them never selects the sold-out row they are listed under)."""
+    buttons = " ".join(
+        f'<button type="button" class="gputap-pick" '
+        f'data-pick="{escape(a.offering.kind)}:{escape(a.offering.key)}">'
+        f"{escape(a.offering.label)} ({a.free} free, {format_credits(a.price_per_hour_micro)}/h)"
+        "</button>"
+        for a in alternatives
+    )
+    return f'<div class="gputap-alt">Free now instead: {buttons}</div>' if buttons else ""
+
+
+def _row(
+    choice: Choice, credit: Credit, simulated: bool, first_free: bool, picked: Mapping | None
+) -> str:
     o = choice.offering
     price = choice.price_per_hour_micro
+    value = _value(choice)
     sold_out = o.kind != "cpu" and choice.free == 0
     label = escape(o.label) + (' <span class="gputap-sim">simulated</span>' if simulated else "")
     if o.kind == "cpu":
@@ -72,48 +83,57 @@ def _row(choice: Choice, available_micro: int, simulated: bool, first_free: bool
         availability = f'<span class="gputap-soldout">sold out</span> (0 of {choice.total})'
     else:
         availability = f"{choice.free} of {choice.total} free"
+    available = credit.available_micro
     lasts = (
-        f"credit lasts {format_duration(credit_lasts(available_micro, price))}"
+        f"credit lasts {format_duration(credit_lasts(available, price))}"
         if price
         else "no price set"
     )
+    affordable = bool(price) and credit.covers(price)
     count = ""
     by_count = ""
     if o.kind == "card" and choice.max_count > 1 and price:
         # how long the credit lasts for each count, switched by the count selector
         texts = [
-            f"credit lasts {format_duration(credit_lasts(available_micro, price * n))}"
+            f"credit lasts {format_duration(credit_lasts(available, price * n))}"
             for n in range(1, choice.max_count + 1)
         ]
         by_count = f" data-by-count='{escape(json.dumps(texts))}'"
     if o.kind == "card" and choice.max_count > 1:
+        picked_count = str((picked or {}).get("count", "1"))
         options = "".join(
-            f'<option value="{n}">{n}</option>' for n in range(1, choice.max_count + 1)
+            f'<option value="{n}"'
+            f"{' disabled' if price and not credit.covers(price * n) else ''}"
+            f"{' selected' if str(n) == picked_count else ''}>{n}</option>"
+            for n in range(1, choice.max_count + 1)
         )
         count = (
             f' × <select name="count:{escape(o.key)}" aria-label="number of {escape(o.key)}">'
             f"{options}</select>"
         )
-    alternatives = ""
-    if sold_out and choice.alternatives:
-        listed = ", ".join(
-            f"{escape(a.offering.label)} ({a.free} free,"
-            f" {format_credits(a.price_per_hour_micro)}/h)"
-            for a in choice.alternatives
-        )
-        alternatives = f'<div class="gputap-alt">Free now instead: {listed}</div>'
+    alternatives = _alternatives(choice.alternatives) if sold_out else ""
+    short = ""
+    if price and not affordable:
+        short = f'<div class="gputap-short">Not enough credit: {credit.shortfall(price)}.</div>'
     # sold-out options stay selectable: with "wait in the queue" the spawn waits for one
-    disabled = " disabled" if not price else ""
-    checked = " checked" if first_free and not disabled and not sold_out else ""
+    disabled = " disabled" if not affordable else ""
+    if picked is not None:
+        checked = " checked" if picked_value(picked) == value and not disabled else ""
+    else:
+        checked = " checked" if first_free and not disabled and not sold_out else ""
     price_text = f"{format_credits(price)}/h" if price else "—"
+    out = " gputap-out" if disabled or sold_out else ""
+    ident = _choice_id(value)
     return (
-        f'<label class="gputap-choice{" gputap-out" if disabled or sold_out else ""}" '
-        f'data-key="{escape(o.key)}">'
-        f'<input type="radio" name="choice" value="{escape(_value(choice))}"{disabled}{checked}>'
-        f' <b>{label}</b>{count} <span class="gputap-what">{_what(o)}</span>'
+        f'<div class="gputap-choice{out}" data-key="{escape(o.key)}">'
+        f'<input type="radio" name="choice" id="{ident}" value="{escape(value)}"'
+        f"{disabled}{checked}>"
+        f' <label for="{ident}"><b>{label}</b></label>{count}'
+        f' <label for="{ident}"><span class="gputap-what">{_what(o)}</span>'
         f' <span class="gputap-free">{availability}</span>'
         f' <span class="gputap-price">{price_text}</span>'
-        f' <span class="gputap-lasts"{by_count}>{lasts}</span>{alternatives}</label>'
+        f' <span class="gputap-lasts"{by_count}>{lasts}</span></label>{short}{alternatives}'
+        "</div>"
     )
 
 
@@ -147,8 +167,11 @@ def format_hours(hours: float) -> str:
     return f"{int(hours * 10) / 10:g} h"
 
 
-def _course_rows(course: CourseOffer, choices: Sequence[Choice], first: bool) -> list[str]:
-    """Radios for the options ``course`` pays for that this hub offers (free or not)."""
+def _course_rows(
+    course: CourseOffer, choices: Sequence[Choice], first: bool, picked: Mapping | None = None
+) -> list[str]:
+    """Radios for the options ``course`` pays for that this hub offers (free or not), each
+    with how long the course's hours last on it (course hours pay; the credit does not)."""
     rows = []
     for choice in choices:
         o = choice.offering
@@ -162,9 +185,12 @@ def _course_rows(course: CourseOffer, choices: Sequence[Choice], first: bool) ->
             if sold_out
             else f"{choice.free} of {choice.total} free"
         )
-        checked = " checked" if first and usable and not sold_out else ""
-        first = first and not checked
         value = f"course:{course.slug}:{_value(choice)}"
+        if picked is not None:
+            checked = " checked" if usable and picked_value(picked) == value else ""
+        else:
+            checked = " checked" if first and usable and not sold_out else ""
+        first = first and not checked
         rows.append(
             f'<label class="gputap-choice gputap-course{"" if usable else " gputap-out"}" '
             f'data-key="{escape(o.key)}" data-course="{escape(course.slug)}">'
@@ -196,6 +222,14 @@ _STYLE = """
 .gputap-soldout{color:#b00;font-weight:bold}
 .gputap-sim{background:#fde68a;border-radius:3px;padding:0 4px;font-size:85%}
 .gputap-alt{margin-left:26px;color:#555;font-size:90%}
+.gputap-pick{margin:2px 4px;padding:1px 8px;border:1px solid #4a7bd0;border-radius:4px;
+  background:#eef3fb;color:#1d4ed8;cursor:pointer}
+.gputap-short{margin-left:26px;color:#b00;font-size:90%}
+.gputap-refusal{background:#fde8e8;border:1px solid #d33;border-radius:6px;padding:8px 12px;
+  margin-bottom:10px}
+.gputap-refusal p{margin:0 0 4px}
+.gputap-refusal .gputap-alt{margin-left:0}
+#gputap-course-hours ul{margin:2px 0 10px}
 .gputap-banner{background:#fef3c7;border:1px solid #f59e0b;padding:6px 10px;margin-bottom:10px}
 .gputap-spec input{width:6em}
 #gputap-spec-preview{margin-top:6px;font-style:italic}
@@ -212,6 +246,19 @@ _SCRIPT = """
       var texts = JSON.parse(lasts.dataset.byCount || "[]");
       if (texts[select.selectedIndex]) lasts.textContent = texts[select.selectedIndex];
       row.querySelector("input[type=radio]").checked = true;
+    });
+  });
+
+  // an alternative's button selects that option's own row
+  document.querySelectorAll(".gputap-pick").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var radio = document.querySelector(
+        'input[name="choice"][value="' + CSS.escape(button.dataset.pick) + '"]');
+      if (!radio || radio.disabled) return;
+      radio.checked = true;
+      radio.dispatchEvent(new Event("change", {bubbles: true}));
+      radio.closest(".gputap-choice").scrollIntoView({block: "center"});
+      radio.focus();
     });
   });
 
@@ -240,24 +287,65 @@ _SCRIPT = """
 """
 
 
+def _held(credit: Credit) -> str:
+    held = credit.available_micro - credit.free_micro
+    if held <= 0:
+        return ""
+    return f"; {format_credits(held)} held for servers starting"
+
+
+def _typed(values: Mapping[str, object], name: str, default: str) -> str:
+    """What the user typed in a field, to show it again (escaped), or the default."""
+    return escape(str(values.get(name, default)), quote=True)
+
+
+def _course_summary(courses: Sequence[CourseOffer]) -> str:
+    """Each course's hours left this week, apart from the credit: course hours pay only for
+    the course's options and are not credit."""
+    items = "".join(
+        f'<li data-course="{escape(c.slug)}"><b>{escape(c.name)}</b>: '
+        + ", ".join(f"{format_hours(h)} of {escape(k)}" for k, h in c.hours_left.items())
+        + f" left this week (resets {escape(c.resets)})</li>"
+        for c in courses
+    )
+    return (
+        '<div id="gputap-course-hours">Course hours (not credit: each course pays only for '
+        f"its own options):<ul>{items}</ul></div>"
+    )
+
+
 def render_form(
     choices: Sequence[Choice],
     *,
-    available_micro: int,
-    currency: str,
+    credit: Credit,
     simulated: bool,
     preview_url: str,
     spot_discount_percent: int | None = None,
     notice: str = "",
     courses: Sequence[CourseOffer] = (),
+    refused: Refused | None = None,
 ) -> str:
     """HTML for JupyterHub's spawn page (inside its <form>).
 
+    ``credit`` is the user's own (trial + paid): what "credit lasts" counts and what an
+    option it cannot start is marked with; course hours are shown apart, per course.
     ``spot_discount_percent`` offers the interruptible choice (backends that can preempt);
     ``notice`` is shown first (e.g. why the user's last server was stopped); ``courses``
-    come first, each with the options it pays for and the hours left this week.
+    come first, each with the options it pays for and the hours left this week;
+    ``refused``: the last start was refused: say why, select what was asked again, and
+    offer the alternatives as buttons that select them.
     """
+    currency = credit.currency
+    picked = dict(refused.options) if refused else None
     parts = [_STYLE, '<div class="gputap-form">']
+    if refused:
+        # the sentence is shown here with its alternatives, so JupyterHub's own copy of it
+        # ("Error: ...") above the form is hidden
+        parts.append(
+            "<style>.spawn-error-msg{display:none}</style>"
+            '<div class="gputap-refusal" id="gputap-refusal" role="alert">'
+            f"<p>{escape(refused.message)}</p>{_alternatives(refused.alternatives)}</div>"
+        )
     if notice:
         parts.append(f'<div class="gputap-banner" id="gputap-notice">{escape(notice)}</div>')
     if simulated:
@@ -266,13 +354,17 @@ def render_form(
             "NVIDIA GPU, so servers get made-up device UUIDs and no real GPU.</div>"
         )
     parts.append(
-        f'<p>Your credit: <b id="gputap-available">{format_credits(available_micro)}</b> '
-        f"{escape(currency)} available. Prices are per hour, billed per second while the "
-        "server runs.</p>"
+        f'<p id="gputap-credit">Your credit: <b id="gputap-available">'
+        f"{format_credits(credit.available_micro)}</b> {escape(currency)} available "
+        f'(<span id="gputap-trial">trial {format_credits(credit.trial_micro)}</span> + '
+        f'<span id="gputap-paid">paid {format_credits(credit.paid_micro)}</span>'
+        f"{_held(credit)}). Prices are per hour, billed per second while the server runs.</p>"
     )
-    first_free = True
+    if courses:
+        parts.append(_course_summary(courses))
+    first_free = picked is None
     for course in courses:
-        rows = _course_rows(course, choices, first_free)
+        rows = _course_rows(course, choices, first_free, picked)
         if not rows:
             continue
         first_free = first_free and not any(" checked" in row for row in rows)
@@ -289,27 +381,35 @@ def render_form(
         for choice in rows:
             free = choice.offering.kind == "cpu" or choice.free > 0
             selectable = free and bool(choice.price_per_hour_micro)
-            parts.append(_row(choice, available_micro, simulated and kind != "cpu", first_free))
+            parts.append(_row(choice, credit, simulated and kind != "cpu", first_free, picked))
             first_free = first_free and not selectable
         parts.append("</fieldset>")
+    spec = {k.removeprefix("spec_"): v for k, v in (refused.typed if refused else {}).items()}
     parts.append(
         f'<fieldset class="gputap-spec" id="gputap-spec" data-preview-url="{escape(preview_url)}">'
         "<legend>Or describe what you need</legend>"
-        '<label><input type="radio" name="choice" value="spec" id="gputap-spec-radio"> '
+        '<label><input type="radio" name="choice" value="spec" id="gputap-spec-radio"'
+        f"{' checked' if picked_value(picked) == 'spec' else ''}> "
         "the cheapest free GPU with at least</label> "
-        '<input type="number" name="spec_min_memory_gb" min="0" step="any" value="16"> GB and '
-        '<input type="number" name="spec_min_tflops" min="0" step="any" value="0"> FP16 TFLOPS, '
-        '<input type="number" name="spec_count" min="1" step="1" value="1"> GPU(s)'
+        f'<input type="number" name="spec_min_memory_gb" min="0" step="any" '
+        f'value="{_typed(spec, "min_memory_gb", "16")}"> GB and '
+        f'<input type="number" name="spec_min_tflops" min="0" step="any" '
+        f'value="{_typed(spec, "min_tflops", "0")}"> FP16 TFLOPS, '
+        f'<input type="number" name="spec_count" min="1" step="1" '
+        f'value="{_typed(spec, "count", "1")}"> GPU(s)'
         '<div id="gputap-spec-preview"></div></fieldset>'
     )
+    flags = picked or {}
     run = [
-        '<label class="gputap-choice"><input type="checkbox" name="queue" id="gputap-queue">'
+        '<label class="gputap-choice"><input type="checkbox" name="queue" id="gputap-queue"'
+        f"{' checked' if flags.get('queue') else ''}>"
         " If what I pick is sold out, wait in the queue for it (first come, first served; "
         "nothing is charged while waiting)</label>"
     ]
     if spot_discount_percent is not None:
         run.append(
-            '<label class="gputap-choice"><input type="checkbox" name="spot" id="gputap-spot">'
+            '<label class="gputap-choice"><input type="checkbox" name="spot" id="gputap-spot"'
+            f"{' checked' if flags.get('spot') else ''}>"
             f" Interruptible (spot): {spot_discount_percent}% cheaper, but the server may be "
             "stopped when an on-demand server needs the GPU (your files stay)</label>"
         )
@@ -371,6 +471,29 @@ def offering_options(offering: Offering, count: int = 1, course: str = "") -> di
     if course:
         options["course"] = course
     return options
+
+
+def with_alternatives(refused: Refused, choices: Sequence[Choice], credit: Credit) -> Refused:
+    """``refused`` with the options to offer instead: for a sold-out pick, the free
+    alternatives placement names; for one the credit cannot start, the free options it can
+    (cheapest first, at most three)."""
+    if refused.alternatives:
+        return refused
+    wanted = picked_value(refused.options) or ""
+    wanted = wanted.split(":", 2)[2] if wanted.startswith("course:") else wanted
+    picked = next((c for c in choices if _value(c) == wanted), None)
+    if picked is not None and picked.alternatives:
+        return replace(refused, alternatives=picked.alternatives)
+    affordable = tuple(
+        Alternative(c.offering, c.free, c.price_per_hour_micro)
+        for c in choices
+        if c.price_per_hour_micro
+        and c.offering.kind != "cpu"
+        and c.free > 0
+        and c is not picked
+        and credit.covers(c.price_per_hour_micro)
+    )
+    return replace(refused, alternatives=affordable[:3])
 
 
 def preview_answer(answer: Placement | Refusal, simulated: bool) -> dict[str, object]:

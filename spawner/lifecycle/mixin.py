@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -37,10 +38,18 @@ from traitlets.config import LoggingConfigurable
 from gputap_common import clock
 from gputap_common.names import server_label
 
+from ..core.asking import Refused, credit_of
 from ..core.catalog import CPU_KEY, Catalog
 from ..core.choices import build_choices
 from ..core.disks import Disk, DiskError
-from ..core.form import Choice, course_offers, options_from_form, preview_answer, render_form
+from ..core.form import (
+    Choice,
+    course_offers,
+    options_from_form,
+    preview_answer,
+    render_form,
+    with_alternatives,
+)
 from ..core.placement import (
     FreeView,
     Placement,
@@ -59,6 +68,11 @@ from .metering import Metering
 
 PREVIEW_PATH = "gputap/preview"
 _CATALOGS: dict[str, Catalog] = {}
+#: each user's last refused start, until their next form shows it (JupyterHub renders the
+#: form again after a refusal from the default spawner, whichever server was refused)
+_refusals: dict[str, tuple[float, Refused]] = {}
+#: seconds a refusal waits for its form (the page renders it at once)
+REFUSAL_SHOWN_SECONDS = 120
 
 
 def load_catalog(cards: dict[str, Any]) -> Catalog:
@@ -152,7 +166,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     @default("options_from_form")
     def _default_options_from_form(self):
-        return options_from_form
+        return self._gputap_options_from_form
+
+    def _gputap_options_from_form(self, form_data: dict[str, list[str]]) -> dict[str, Any]:
+        """The form's fields as ``user_options``; what was typed is kept, for the form to
+        show it again if the start is refused."""
+        self._typed = {k: v[0] for k, v in form_data.items() if v and isinstance(v[0], str)}
+        return options_from_form(form_data)
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
@@ -181,6 +201,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
     #: the session this spawner settled last (a stop and a poll never both settle it)
     _settled_session: str | None = None
     _base_start_timeout: int | None = None
+    #: the fields of the form that asked for this start (empty for the REST API)
+    _typed: dict[str, str] = {}
 
     # -- names and clients ---------------------------------------------------------------
 
@@ -235,7 +257,23 @@ class GPUSpawnerMixin(LoggingConfigurable):
     async def start(self):
         """Place (or wait in the queue), take the devices, admit with billing, launch, and
         open the billing session once the server runs. A failure anywhere gives back what
-        was taken and held; billing down is a 503 that says nothing was charged."""
+        was taken and held; billing down is a 503 that says nothing was charged.
+
+        A refusal (4xx: invalid options, sold out, not enough credit) reads on the spawn
+        page as its sentence, not as "HTTP 409: Conflict (...)", and the next form shows it
+        with what was picked selected again and the alternatives to pick instead."""
+        typed, self._typed = self._typed, {}
+        try:
+            return await self._start()
+        except web.HTTPError as e:
+            if 400 <= e.status_code < 500 and e.log_message:
+                e.jupyterhub_message = e.log_message
+                options = dict(self.user_options or {})
+                refused = Refused(e.log_message, options, typed=typed)
+                _refusals[self.user.name] = (time.monotonic(), refused)
+            raise
+
+    async def _start(self):
         options = self.validated_options()
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"
@@ -493,18 +531,24 @@ class GPUSpawnerMixin(LoggingConfigurable):
         try:
             account = await self.billing.open_account(self.user.name)
             courses = course_offers(await self.billing.courses(self.user.name))
+            terms = await self.billing.price_list([CPU_KEY])
         except (BillingUnavailable, BillingRefused) as e:
             raise unavailable_error(e) from None
         choices, simulated, spot_discount = await self.choices()
+        credit = credit_of(account, int(terms.get("min_billable_seconds") or 0))
+        # the refusal of this user's last start from the form, shown once
+        at, refused = _refusals.pop(self.user.name, (0.0, None))
+        if time.monotonic() - at > REFUSAL_SHOWN_SECONDS:
+            refused = None
         return render_form(
             choices,
-            available_micro=account["available_micro"],
-            currency=account.get("currency", "credits"),
+            credit=credit,
             simulated=simulated,
             preview_url=self.hub.base_url + PREVIEW_PATH,
             spot_discount_percent=spot_discount if self.offers_spot else None,
             notice=self.notice,
             courses=courses,
+            refused=refused and with_alternatives(refused, choices, credit),
         )
 
     async def preview(self, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,18 @@
 from spawner.core.catalog import Catalog
-from spawner.core.form import Choice, credit_lasts, format_duration, options_from_form, render_form
+from spawner.core.asking import Credit, Refused
+from spawner.core.form import (
+    Choice,
+    credit_lasts,
+    format_duration,
+    options_from_form,
+    render_form,
+    with_alternatives,
+)
 from spawner.core.placement import Alternative
 
 CATALOG = Catalog.load()
+#: 10.00 of trial credit, nothing held; a server must be able to pay its first minute
+TEN = Credit(10_000_000, 0, 10_000_000, 10_000_000, min_billable_seconds=60)
 
 
 def test_credit_lasts_exactly():
@@ -24,14 +34,14 @@ def test_form_shows_each_option_with_numbers_and_sold_out_alternatives():
     ]
     html = render_form(
         choices,
-        available_micro=10_000_000,
-        currency="credits",
+        credit=TEN,
         simulated=True,
         preview_url="/hub/gputap/preview",
     )
     assert "simulated" in html
     assert "3 of 3 free" in html and "1.142857/h" in html and "credit lasts 8 h 45 min" in html
-    assert "sold out" in html and "Free now instead: A100-80GB 1g.10gb slice (3 free" in html
+    assert "sold out" in html and "Free now instead: " in html
+    assert 'data-pick="slice:A100-80GB/1g.10gb">A100-80GB 1g.10gb slice (3 free' in html
     assert 'value="card:A100-80GB">' in html  # selectable: the user may wait in the queue
     assert 'name="queue"' in html and 'name="spot"' not in html
     assert 'value="slice:A100-80GB/1g.10gb" checked' in html
@@ -87,8 +97,7 @@ def test_course_funded_options_come_first_with_hours_left():
     )
     html = render_form(
         choices,
-        available_micro=10_000_000,
-        currency="credits",
+        credit=TEN,
         simulated=False,
         preview_url="/p",
         courses=[course],
@@ -113,3 +122,55 @@ def test_course_funded_options_come_first_with_hours_left():
             assert "course" in str(e)
         else:
             raise AssertionError(f"{bad} was accepted")
+
+
+def test_an_option_the_credit_cannot_start_is_marked_with_the_reason():
+    a100 = CATALOG.offering("A100-80GB")
+    rtx = CATALOG.offering("RTX-4090")
+    poor = Credit(50_000, 0, 50_000, 50_000, min_billable_seconds=60)
+    choices = [Choice(rtx, 2, 2, 2, 5_000_000), Choice(a100, 1, 1, 1, 8_000_000)]
+    html = render_form(choices, credit=poor, simulated=False, preview_url="/p")
+    # 8.00/h for 60 s is 0.133333; 5.00/h is 0.083333: neither fits in 0.05
+    assert 'value="card:A100-80GB" disabled' in html
+    assert (
+        "Not enough credit: needs 0.133333 credits for the first 1 min (the least a server "
+        "is billed); you have 0.05." in html
+    )
+    # one RTX-4090 fits 0.10 of credit, two do not: the count of two is marked
+    some = Credit(100_000, 0, 100_000, 100_000, min_billable_seconds=60)
+    html = render_form(choices, credit=some, simulated=False, preview_url="/p")
+    assert 'value="card:RTX-4090" checked' in html
+    assert '<option value="2" disabled>2</option>' in html
+
+
+def test_a_refused_start_selects_what_was_picked_and_offers_what_is_free():
+    a100 = CATALOG.offering("A100-80GB")
+    slice_ = CATALOG.offering("A100-80GB/1g.10gb")
+    choices = [
+        Choice(slice_, 3, 3, 1, 1_142_857),
+        Choice(a100, 0, 1, 1, 8_000_000, (Alternative(slice_, 3, 1_142_857),)),
+    ]
+    refused = Refused(
+        "No A100-80GB free now (0 of 1 free).",
+        {"kind": "card", "card": "A100-80GB", "count": "1", "queue": False},
+        typed={"choice": "card:A100-80GB", "spec_min_memory_gb": "40", "spec_count": "2"},
+    )
+    html = render_form(
+        choices,
+        credit=TEN,
+        simulated=False,
+        preview_url="/p",
+        refused=with_alternatives(refused, choices, TEN),
+    )
+    assert '<p>No A100-80GB free now (0 of 1 free).</p>' in html
+    assert 'value="card:A100-80GB" checked' in html  # still what the user picked
+    assert 'value="slice:A100-80GB/1g.10gb" checked' not in html
+    assert 'name="spec_min_memory_gb" min="0" step="any" value="40"' in html  # as typed
+    assert 'name="spec_count" min="1" step="1" value="2"' in html
+    box = html[html.index('id="gputap-refusal"') : html.index("</div></div>")]
+    assert 'data-pick="slice:A100-80GB/1g.10gb"' in box
+    # an alternative's text is a button outside every label: it selects its own row only
+    row = html[html.index('data-key="A100-80GB"') :]
+    row = row[: row.index("</div></div>") + 12]
+    label_ends = row.rindex("</label>")
+    assert row.index('class="gputap-pick"') > label_ends
