@@ -1,5 +1,5 @@
-from spawner.core.catalog import Catalog
 from spawner.core.asking import Credit, Refused
+from spawner.core.catalog import Catalog
 from spawner.core.form import (
     Choice,
     credit_lasts,
@@ -162,7 +162,7 @@ def test_a_refused_start_selects_what_was_picked_and_offers_what_is_free():
         preview_url="/p",
         refused=with_alternatives(refused, choices, TEN),
     )
-    assert '<p>No A100-80GB free now (0 of 1 free).</p>' in html
+    assert "<p>No A100-80GB free now (0 of 1 free).</p>" in html
     assert 'value="card:A100-80GB" checked' in html  # still what the user picked
     assert 'value="slice:A100-80GB/1g.10gb" checked' not in html
     assert 'name="spec_min_memory_gb" min="0" step="any" value="40"' in html  # as typed
