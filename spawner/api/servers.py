@@ -20,6 +20,8 @@ from tornado import web
 from gputap_common.money import format_credits
 from gputap_common.names import server_label
 
+from ..core.asking import Credit, credit_of
+from ..core.catalog import CPU_KEY
 from ..core.form import Choice, CourseOffer, course_offers, offering_options
 from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
 from ..lifecycle.change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
@@ -31,10 +33,22 @@ _SERVER = rf"/{API_PATH}/users/([^/]+)/(?:server|servers/([^/]+))"
 CHANGE_KEYS = frozenset({"options", "queue"})
 
 
-def choice_view(choice: Choice, course: CourseOffer | None = None) -> dict[str, Any]:
-    """One option the server can change to, with the ``options`` to post for it."""
+def choice_view(
+    choice: Choice, course: CourseOffer | None = None, credit: Credit | None = None
+) -> dict[str, Any]:
+    """One option the server can change to, with the ``options`` to post for it, and
+    whether what would pay for it (the course's hours, else the own ``credit``) can."""
     o = choice.offering
     price = choice.price_per_hour_micro
+    if course:
+        affordable, shortfall = course.hours_left.get(o.key, 0) > 0, None
+        if not affordable:
+            shortfall = f"no hours of {course.name} left this week"
+    elif credit and price:
+        affordable = credit.covers(price)
+        shortfall = None if affordable else credit.shortfall(price)
+    else:
+        affordable, shortfall = bool(price), None if price else "no price set"
     return {
         "key": o.key,
         "label": o.label,
@@ -50,6 +64,8 @@ def choice_view(choice: Choice, course: CourseOffer | None = None) -> dict[str, 
         "hours_left": course.hours_left[o.key] if course else None,
         "options": offering_options(o, course=course.slug if course else ""),
         "alternatives": alternatives_view(choice.alternatives),
+        "affordable": affordable,
+        "shortfall": shortfall,
     }
 
 
@@ -60,18 +76,19 @@ def choices_view(
     current: str | None,
     currency: str,
     simulated: bool,
+    credit: Credit | None = None,
 ) -> dict[str, Any]:
     """``GET {server}/choices``: course-funded options first (once per course, those it pays
     for), then every option cheapest first, then CPU (the order of ``choices``)."""
     funded = [
-        choice_view(choice, course)
+        choice_view(choice, course, credit)
         for course in courses
         for choice in choices
         if choice.offering.key in course.hours_left and choice.offering.kind != "cpu"
     ]
     return {
         "current": current,
-        "choices": funded + [choice_view(choice) for choice in choices],
+        "choices": funded + [choice_view(choice, credit=credit) for choice in choices],
         "currency": currency,
         "simulated": simulated,
     }
@@ -162,8 +179,10 @@ class ChoicesHandler(ServerAPIHandler):
         try:
             account = await account_of(spawner.billing, user.name)
             courses = course_offers(await spawner.billing.courses(user.name))
+            terms = await spawner.billing.price_list([CPU_KEY])
         except (BillingUnavailable, BillingRefused) as e:
             raise _billing_error(e, "the options and their prices") from None
+        credit = credit_of(account, int(terms.get("min_billable_seconds") or 0))
         choices, simulated, _ = await spawner.choices(own_free=True)
         current = spawner.record.offering if spawner.ready and spawner.record else None
         self.write_json(
@@ -173,6 +192,7 @@ class ChoicesHandler(ServerAPIHandler):
                 current=current,
                 currency=account.get("currency", "credits"),
                 simulated=simulated,
+                credit=credit,
             )
         )
 

@@ -24,6 +24,7 @@ from tornado.web import Application, RequestHandler
 DISK_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 NOW = "2026-11-30T10:00:00+00:00"
 
+ALTERNATIVE_KEYS = ("key", "label", "free", "price_per_hour_micro", "price_per_hour", "options")
 CHOICES = [
     {
         "key": "A100-80GB/1g.10gb",
@@ -230,7 +231,10 @@ class ChangeHandler(HubHandler):
                 409,
                 f"No free {choice['label']} now (0 of {choice['total']}); "
                 "A100-80GB 1g.10gb slices are free at 1.14/h. Nothing was stopped.",
-                alternatives=[c for c in CHOICES if c["free"] > 0],
+                # shaped as the hub's (spawner.lifecycle.change.alternatives_view): no total
+                alternatives=[
+                    {k: c[k] for k in ALTERNATIVE_KEYS} for c in CHOICES if c["free"] > 0
+                ],
             )
             return
         self.state.change = {

@@ -15,10 +15,17 @@ export function choiceText(choice: IChoice, currency: string, current: boolean):
   if (choice.course) {
     parts.push(`course ${choice.course.name || choice.course.slug}`);
   }
-  parts.push(`${choice.free}/${choice.total} free`);
-  parts.push(`${formatCredits(choice.price_per_hour_micro)} ${currency}/h`);
+  // an alternative in a refusal carries no total: never print "undefined"
+  const total = typeof choice.total === 'number' ? `/${choice.total}` : '';
+  parts.push(choice.free === 0 && !current ? 'sold out' : `${choice.free}${total} free`);
+  if (typeof choice.price_per_hour_micro === 'number') {
+    parts.push(`${formatCredits(choice.price_per_hour_micro)} ${currency}/h`);
+  }
   if (choice.hours_left !== null && choice.hours_left !== undefined) {
     parts.push(`${formatHours(choice.hours_left)} left`);
+  }
+  if (choice.affordable === false && !current) {
+    parts.push('not enough credit');
   }
   return (current ? '(now) ' : '') + parts.join(' · ');
 }
@@ -78,7 +85,12 @@ export class ChangeSection extends RestartSection {
       ...choices.choices.map((choice, i) =>
         h(
           'option',
-          { value: String(i), 'data-key': choice.key },
+          {
+            value: String(i),
+            'data-key': choice.key,
+            'data-sold-out': choice.free === 0 && choice !== current,
+            'data-unaffordable': choice.affordable === false && choice !== current
+          },
           choiceText(choice, choices.currency, choice === current)
         )
       )
@@ -103,11 +115,20 @@ export class ChangeSection extends RestartSection {
       return;
     }
     const label = choice.label || choice.key;
+    if (choice.affordable === false) {
+      // refused before anything stops: the confirm dialog would only lead to a refusal
+      this.say(`${label} cannot be started: ${choice.shortfall ?? 'not enough credit'}.`);
+      return;
+    }
+    const soldOut =
+      choice.free === 0
+        ? ' It is sold out now: you may then wait in the queue for one, or pick another.'
+        : '';
     const ok = await confirmRestart(
       'Change GPU',
       `Move this server to ${label} at ${formatCredits(choice.price_per_hour_micro)} ${
         this.model.currency
-      }/h.`,
+      }/h.${soldOut}`,
       'Save and change'
     );
     if (!ok) {

@@ -42,25 +42,40 @@ export class CostSection {
     }
     const choice = model.currentChoice();
     const course = session?.course || server.course;
-    if (course && choice?.hours_left !== null && choice?.hours_left !== undefined) {
-      rows.push(
-        row(
-          `course ${choice.course?.name ?? course}`,
-          `${formatHours(choice.hours_left)} left this week`,
-          'gputap-hours-left'
-        )
-      );
-    }
-    if (account) {
-      rows.push(
-        row('available', `${formatCredits(account.available_micro)} ${currency}`, 'gputap-balance')
-      );
-      const left = model.secondsLeft();
-      if (left !== null) {
+    if (course) {
+      // course hours are not credit: what is left of the course's, on this option
+      const left = model.courseAvailableMicro(course);
+      const price = session ? session.price_per_hour_micro * session.count : 0;
+      const hours =
+        left !== null && price > 0 ? Math.max(0, left) / price : choice?.hours_left ?? null;
+      if (hours !== null && hours !== undefined) {
         rows.push(
           row(
-            'lasts',
-            `${formatDuration(left)} at ${formatCredits(account.rate_per_hour_micro)}/h`,
+            `course ${choice?.course?.name ?? course}`,
+            `${formatHours(hours)} left this week`,
+            'gputap-hours-left'
+          )
+        );
+      }
+    }
+    if (account) {
+      const available = model.creditAvailableMicro() ?? account.available_micro;
+      rows.push(
+        row('your credit', `${formatCredits(available)} ${currency} available`, 'gputap-balance')
+      );
+      // how long what pays for this server lasts: the course's hours, or the credit
+      const credit = account.credit;
+      const rate = course
+        ? session
+          ? session.price_per_hour_micro * session.count
+          : 0
+        : credit?.rate_per_hour_micro ?? account.rate_per_hour_micro;
+      const pays = course ? model.courseAvailableMicro(course) : available;
+      if (rate > 0 && pays !== null) {
+        rows.push(
+          row(
+            course ? 'course hours last' : 'credit lasts',
+            `${formatDuration((Math.max(0, pays) * 3600) / rate)} at ${formatCredits(rate)}/h`,
             'gputap-time-left'
           )
         );

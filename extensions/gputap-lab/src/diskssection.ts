@@ -149,13 +149,13 @@ export class DisksSection extends RestartSection {
     const currency = disks.currency || this.model.currency;
     const limit = `up to ${disks.limits.max_size_gb} GB, ${disks.limits.max_disks} disks`;
     if (!Number.isInteger(size) || size < 1) {
-      fill(this._price, `${formatCredits(perGB, 6)} ${currency} per GB-hour · ${limit}`);
+      fill(this._price, `${formatCredits(perGB)} ${currency} per GB-hour · ${limit}`);
       return;
     }
     fill(
       this._price,
-      `${formatCredits(perGB, 6)} ${currency} per GB-hour · ${size} GB: ` +
-        `${formatCredits(perGB * size, 4)} ${currency}/h · ${limit}`
+      `${formatCredits(perGB)} ${currency} per GB-hour · ${size} GB: ` +
+        `${formatCredits(perGB * size)} ${currency}/h · ${limit}`
     );
   }
 

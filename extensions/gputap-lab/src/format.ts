@@ -6,25 +6,18 @@
 const MICRO = 1_000_000;
 
 /**
- * Credits with `minDecimals` to `maxDecimals` decimals, rounded half up at the last one:
- * 1_142_857 → "1.1429", 10_000_000 → "10.00", 420_000 → "0.42".
+ * Exact credits, never rounded: two decimals at least, six at most, exactly as billing
+ * writes them (gputap_common.money.format_credits): 10_000_000 → "10.00",
+ * 9_998_733 → "9.998733", 1_142_857 → "1.142857", -5_000 → "-0.005".
  */
-export function formatCredits(
-  micro: number,
-  maxDecimals = 4,
-  minDecimals = 2
-): string {
+export function formatCredits(micro: number): string {
   const sign = micro < 0 ? '-' : '';
-  const step = 10 ** (6 - maxDecimals);
-  const rounded = Math.floor((Math.abs(micro) + step / 2) / step) * step;
-  const whole = Math.floor(rounded / MICRO);
-  let fraction = String(rounded % MICRO)
-    .padStart(6, '0')
-    .slice(0, maxDecimals);
-  while (fraction.length > minDecimals && fraction.endsWith('0')) {
+  const abs = Math.abs(Math.trunc(micro));
+  let fraction = String(abs % MICRO).padStart(6, '0');
+  while (fraction.length > 2 && fraction.endsWith('0')) {
     fraction = fraction.slice(0, -1);
   }
-  return `${sign}${whole}${fraction ? '.' + fraction : ''}`;
+  return `${sign}${Math.floor(abs / MICRO)}.${fraction}`;
 }
 
 /** What `seconds` at `pricePerHourMicro` cost, as billing counts it (whole micro-credits). */

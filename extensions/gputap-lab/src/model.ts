@@ -57,6 +57,25 @@ export interface IWarning {
   message: string;
 }
 
+/** The user's own credit (trial + paid), apart from course hours: billing's `credit`. */
+export interface ICredit {
+  trial_micro: number;
+  paid_micro: number;
+  balance_micro: number;
+  available_micro: number;
+  free_micro: number;
+  rate_per_hour_micro: number;
+  seconds_left: number | null;
+}
+
+/** One course's allowance left for this student (billing's `courses`). */
+export interface ICourseMoney {
+  course: string;
+  available_micro: number;
+  rate_per_hour_micro: number;
+  seconds_left: number | null;
+}
+
 export interface IAccount {
   currency: string;
   available_micro: number;
@@ -64,6 +83,11 @@ export interface IAccount {
   rate_per_hour_micro: number;
   seconds_left: number | null;
   warnings: IWarning[];
+  credit?: ICredit;
+  courses?: ICourseMoney[];
+  running?: ISession[];
+  storage?: ISession[];
+  as_of?: string;
 }
 
 export interface IChangeStatus {
@@ -103,6 +127,10 @@ export interface IChoice {
   course: { slug: string; name: string } | null;
   hours_left: number | null;
   options: Record<string, unknown>;
+  /** whether what would pay for it (the course's hours or the credit) can start it */
+  affordable?: boolean;
+  /** why not, as a sentence part ("needs 0.13 credits for the first 5 s; you have 0.05") */
+  shortfall?: string | null;
 }
 
 export interface IChoices {
@@ -228,11 +256,14 @@ export class GPUTapModel {
   private _sync(server: IServer): void {
     this.server = server;
     const session = server.session;
+    const asOf = server.account?.as_of;
     if (session) {
-      this._syncedSeconds =
-        session.billed_seconds ?? (Date.now() - Date.parse(session.started_at)) / 1000;
-      this._syncedAt = Date.now();
+      // the exact seconds at billing's own time, so the cost ticks as the billing page's
+      this._syncedSeconds = asOf
+        ? (Date.parse(asOf) - Date.parse(session.started_at)) / 1000
+        : session.billed_seconds ?? (Date.now() - Date.parse(session.started_at)) / 1000;
     }
+    this._syncedAt = Date.now();
   }
 
   /** Seconds since `server` was fetched (for what ticks between two fetches). */
@@ -255,7 +286,47 @@ export class GPUTapModel {
     if (!session || seconds === null) {
       return null;
     }
-    return costMicro(seconds, session.price_per_hour_micro);
+    return costMicro(seconds, session.price_per_hour_micro * session.count);
+  }
+
+  /**
+   * What each pool's running sessions (servers and disks) cost since the account was read,
+   * by course ("" for the own credit), counted as billing counts them: each session's
+   * cost at the account's own time (`as_of`) plus the time since, so the billing page and
+   * this panel show the same numbers at the same moment.
+   */
+  grownSinceSync(): Record<string, number> {
+    const account = this.server?.account;
+    const grown: Record<string, number> = {};
+    if (!account?.as_of) {
+      return grown;
+    }
+    const elapsed = this._syncedAt ? Date.now() - this._syncedAt : 0;
+    for (const s of [...(account.running ?? []), ...(account.storage ?? [])]) {
+      const seconds = (Date.parse(account.as_of) - Date.parse(s.started_at) + elapsed) / 1000;
+      const now = costMicro(seconds, s.price_per_hour_micro * s.count);
+      const key = s.course || '';
+      grown[key] = (grown[key] ?? 0) + now - (s.cost_micro ?? 0);
+    }
+    return grown;
+  }
+
+  /** The own credit available now (trial + paid less what runs on it), ticking. */
+  creditAvailableMicro(): number | null {
+    const credit = this.server?.account?.credit;
+    if (!credit) {
+      return this.server?.account?.available_micro ?? null;
+    }
+    return credit.available_micro - (this.grownSinceSync()[''] ?? 0);
+  }
+
+  /** What is left of `course`'s allowance now, ticking; null when it is none of theirs. */
+  courseAvailableMicro(course: string): number | null {
+    const money = this.server?.account?.courses?.find(c => c.course === course);
+    if (!money) {
+      return null;
+    }
+    return money.available_micro - (this.grownSinceSync()[course] ?? 0);
   }
 
   /** How long the account's credit lasts at its rate, counted down since the sync. */
