@@ -28,6 +28,10 @@ export class CostSection {
     const session = server.session;
     const account = server.account;
     const rows: HTMLElement[] = [];
+    if (model.stoppedAt !== null) {
+      // stopped: the cost is what it was at the stop, and warnings no longer apply
+      rows.push(row('stopped', stoppedText(model.stoppedAt), 'gputap-stopped-at'));
+    }
     if (session) {
       rows.push(
         row('price', `${formatCredits(session.price_per_hour_micro)} ${currency}/h`, 'gputap-price'),
@@ -56,7 +60,7 @@ export class CostSection {
         row('available', `${formatCredits(account.available_micro)} ${currency}`, 'gputap-balance')
       );
       const left = model.secondsLeft();
-      if (left !== null) {
+      if (left !== null && model.stoppedAt === null) {
         rows.push(
           row(
             'lasts',
@@ -67,13 +71,19 @@ export class CostSection {
       }
     }
     fill(this._body, ...rows);
+    const warnings = model.stoppedAt === null ? (account?.warnings ?? []) : [];
     fill(
       this._warnings,
-      ...(account?.warnings ?? []).map(w =>
+      ...warnings.map(w =>
         h('p', { class: 'gputap-warning', 'data-testid': 'gputap-warning' }, w.message)
       )
     );
   }
+}
+
+function stoppedText(at: number): string {
+  const time = new Date(at).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return `at ${time}; nothing more is charged`;
 }
 
 function row(label: string, value: string, testid: string): HTMLElement {
