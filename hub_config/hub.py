@@ -321,7 +321,7 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
             "command": [
                 sys.executable,
                 "-m",
-                "jupyterhub_idle_culler",
+                "hub_config.idle_culler",  # jupyterhub_idle_culler, its stops told why
                 f"--timeout={idle['timeout_seconds']}",
                 f"--cull-every={idle['cull_every_seconds']}",
             ],

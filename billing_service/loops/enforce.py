@@ -1,5 +1,9 @@
 """Enforcement: stop servers through the hub before credit runs out.
 
+The stop goes through gputap's stop endpoint beside the hub's REST API
+(``POST {hub}/gputap/api/users/{u}/server[s/{name}]/stop``, which answers as JupyterHub's
+``DELETE`` does), so the user is told that credit ran out (docs/lab.md).
+
 :func:`~billing_service.domain.enforcement.sessions_to_stop` is the pure decision;
 :class:`Enforcer` runs it periodically and asks the hub to stop servers. The hub's spawner then
 settles the session itself (``POST api/sessions/{id}/stop``); files are never touched, and
@@ -21,7 +25,7 @@ from gputap_common import clock
 from .. import metrics
 from ..domain.enforcement import sessions_to_stop
 from ..domain.records import AccountState, SessionRecord
-from .hub_api import HubAPI, server_url
+from .hub_api import HubAPI, stop_url
 from .repeat import Loop
 
 log = logging.getLogger("billing.enforce")
@@ -56,9 +60,9 @@ class Enforcer(Loop):
     async def stop_server(self, session: SessionRecord) -> bool:
         """Ask the hub to stop the session's server; False when the hub refused."""
         target = f"{session.username}/{session.server_name}"
-        url = server_url(self.hub.api_url, session.username, session.server_name)
+        url = stop_url(self.hub.api_url, session.username, session.server_name)
         try:
-            response = await self.hub.fetch(url, "DELETE")
+            response = await self.hub.fetch(url, "POST")
         except HTTPClientError as e:
             # 400/404: not running (any more) or no such user; the spawner settles the rest.
             log.warning("Enforcement: hub refused to stop %s: HTTP %s", target, e.code)

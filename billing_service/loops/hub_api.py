@@ -1,5 +1,5 @@
 """The hub's REST API as billing's loops call it: the service's token on every request, and
-the URLs of a user and of a server."""
+the URLs of a user, of a server, and of gputap's stop endpoint for a server."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ def server_url(api_url: str, username: str, server_name: str) -> str:
     return f"{user}/servers/{quote(server_name, safe='')}"
 
 
+def stop_url(api_url: str, username: str, server_name: str) -> str:
+    """gputap's stop endpoint for ``username``'s server, beside the hub's REST API: a stop
+    asked there records that billing asked (credit ran out), which the user is then told."""
+    base = api_url.rstrip("/")
+    base = base[: -len("/api")] if base.endswith("/api") else base
+    return server_url(f"{base}/gputap/api", username, server_name) + "/stop"
+
+
 class HubAPI:
     """Requests to the hub's REST API at ``api_url`` with billing's ``api_token``."""
 
@@ -32,7 +40,11 @@ class HubAPI:
         self.http_client = http_client or AsyncHTTPClient()
 
     async def fetch(self, url: str, method: str = "GET") -> HTTPResponse:
-        """``method`` ``url`` with the token; ``HTTPClientError`` when the hub answers an
-        error, ``OSError`` when it cannot be reached."""
+        """``method`` ``url`` with the token (a POST with an empty body);
+        ``HTTPClientError`` when the hub answers an error, ``OSError`` when it cannot be
+        reached."""
         headers = {"Authorization": f"token {self._api_token}"}
-        return await self.http_client.fetch(HTTPRequest(url, method=method, headers=headers))
+        body = b"" if method == "POST" else None
+        return await self.http_client.fetch(
+            HTTPRequest(url, method=method, headers=headers, body=body)
+        )

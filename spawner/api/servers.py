@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from jupyterhub import orm
 from jupyterhub.scopes import has_scope
 from tornado import web
 
+from gputap_common import clock
 from gputap_common.money import format_credits
 from gputap_common.names import server_label
 
 from ..core.asking import Credit, credit_of
 from ..core.catalog import CPU_KEY
 from ..core.form import Choice, CourseOffer, course_offers, offering_options
+from ..lifecycle import stops
 from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
 from ..lifecycle.change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
 from .account import account_of
@@ -167,6 +171,7 @@ class ServerHandler(ServerAPIHandler):
                 "session": session,
                 "account": account,
                 "change": change.view() if change else None,
+                "stop": spawner.stop_reason.view() if spawner.stop_reason else None,
             }
         )
 
@@ -232,7 +237,53 @@ class ChangeHandler(ServerAPIHandler):
         self.write_json(change.view(), 202)
 
 
+class StopHandler(ServerAPIHandler):
+    """POST {server}/stop: stop the server as JupyterHub's DELETE does, recording why from
+    who asks (docs/lab.md, "Why a server stopped"): its user or its own token, billing (credit
+    ran out), the idle culler (idle), anyone else holding the scope (an admin). Answers as
+    the DELETE does: 204 stopped (or not running), 202 still stopping, 400 while renamed."""
+
+    async def post(self, user_name: str, server_name: str | None = None) -> None:
+        user, spawner = self.find_server(user_name, server_name, "delete:servers")
+        server_name = server_name or ""
+        if self.request.body.strip() not in (b"", b"{}"):
+            raise web.HTTPError(400, "stop takes no body: who asks is the reason recorded.")
+        if spawner.pending == "stop":
+            return self._answer(202)
+        if spawner.pending == "rename":
+            raise web.HTTPError(400, "Cannot stop a server while it is being renamed")
+        spawner.stop_next_because(self._why(user, spawner))
+        if spawner.pending:  # interrupting a start, as JupyterHub's DELETE does
+            self.log.warning("%s: start interrupted by a stop", spawner._log_name)
+            if spawner._spawn_future:
+                spawner._spawn_future.cancel()
+            await self.stop_single_user(user, server_name)
+        elif spawner.ready and await spawner.poll_and_notify() is None:
+            await self.stop_single_user(user, server_name)
+        else:
+            spawner.stop_next_because(None)  # not running: nothing stops, nothing recorded
+        self._answer(202 if spawner._stop_pending else 204)
+
+    def _why(self, user: Any, spawner: Any) -> stops.Pending:
+        caller = self.current_user
+        if isinstance(caller, orm.Service):
+            last = spawner.orm_spawner.last_activity
+            idle = (clock.utcnow() - _aware(last)).total_seconds() if last else None
+            return stops.asked_by(caller.name, None, user.name, idle)
+        return stops.asked_by(None, caller.name, user.name, None)
+
+    def _answer(self, status_code: int) -> None:
+        self.set_status(status_code)
+        self.finish()
+
+
+def _aware(at: datetime) -> datetime:
+    """JupyterHub's database times are naive UTC."""
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 default_handlers = [
+    (rf"{_SERVER}/stop", StopHandler),
     (rf"{_SERVER}/choices", ChoicesHandler),
     (rf"{_SERVER}/change", ChangeHandler),
     (_SERVER, ServerHandler),

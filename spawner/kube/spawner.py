@@ -29,6 +29,7 @@ from gputap_common.times import parse_kube_time
 
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
+from ..lifecycle import stops
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
 from .objects import apply_pod_settings, gpu_pod_settings
@@ -262,10 +263,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         watcher = _watchers.get(asyncio.get_running_loop())
         ended = watcher.ended.pop(self.pod_key, None) if watcher else None
         reason = self._preemption(record)
+        at = min(requested, ended or requested)
         if reason:
-            self.notice = reason
+            self.set_stop_reason(stops.preempted(reason, at))
             self.log.info("%s: %s", self.who, reason)
-        return min(requested, ended or requested)
+        return at
 
     async def progress(self):
         """Queue position and the match first, then KubeSpawner's pod events."""

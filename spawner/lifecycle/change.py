@@ -31,6 +31,7 @@ from gputap_common.names import server_label
 from ..core.choices import wanted_key
 from ..core.form import offering_options
 from ..core.placement import Alternative, Refusal, RequestError
+from . import stops
 from .billing_client import BillingRefused, BillingUnavailable
 
 STOPPING, STARTING, WAITING = "stopping", "starting", "waiting"
@@ -291,6 +292,8 @@ async def _run(
 ) -> None:
     name = change.server
     await asyncio.sleep(ANSWER_GRACE_SECONDS)
+    # the server (and its Lab page) hears that this stop is the user's own change
+    hub.spawner(user, name).stop_next_because(stops.for_change(change.reason))
     try:
         await hub.stop(user, name)
     except Exception as e:

@@ -62,7 +62,7 @@ from ..core.placement import (
     place,
 )
 from ..core.record import ServerRecord
-from . import placing
+from . import placing, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .metering import Metering
 
@@ -186,8 +186,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
     progress_note: str = ""
     #: backends whose servers can be interrupted (Kubernetes priority classes)
     offers_spot = False
-    #: shown on the next form: why the last server stopped, when it was not the user's doing
+    #: why the last server stopped, with what to do (hub home, spawn form; docs/lab.md)
     notice: str = ""
+    #: the same, structured (kind, message, todo, at), or None while none is known
+    stop_reason: stops.StopReason | None = None
     #: what the running (or starting) server was placed on and is billed as
     record: ServerRecord | None = None
     #: the disks this server mounted at its start: [{"name", "path"}] (kept in its state)
@@ -203,6 +205,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
     _base_start_timeout: int | None = None
     #: the fields of the form that asked for this start (empty for the REST API)
     _typed: dict[str, str] = {}
+    #: why the next stop happens, when whoever asks for it said (gputap's stop endpoint)
+    _next_stop: stops.Pending | None = None
+    #: when a poll last found the server running (a server that dies is billed until then)
+    _seen_alive: datetime | None = None
 
     # -- names and clients ---------------------------------------------------------------
 
@@ -299,7 +305,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
         self._launching, launched = True, False
         try:
             await self.metering.admit(record)
-            self.notice = ""  # admitted: why the last server stopped is old news
+            self.set_stop_reason(None)  # admitted: why the last server stopped is old news
+            self._seen_alive = self._next_stop = None
             url = await self.launch(placement)
             launched = True
             await self.metering.open(record, await self.launched_at())
@@ -327,6 +334,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
             return await super().stop(now=now)  # the backend's own, in the middle of a start
         self._stop_requested = requested = clock.utcnow()
         record = self.record
+        reason, self._next_stop = self._next_stop or stops.from_hub, None
+        if record is not None:  # a running server (a dead one was settled by poll)
+            await self._tell_why(reason(requested))
         try:
             await super().stop(now=now)
         finally:
@@ -342,11 +352,37 @@ class GPUSpawnerMixin(LoggingConfigurable):
         settled here, the hub calls no stop for it."""
         record = self.record
         status = await super().poll()
+        now = clock.utcnow()
+        if status is None and record is not None:
+            self._seen_alive = now
         if status is not None and record is not None and self._stop_requested is None:
             if self.record is record:
                 self.record = None
-            await self._finish(record, clock.utcnow())
+            # billed until it was last seen alive, not until this poll noticed
+            ended = max(self._seen_alive or now, record.started_at or now)
+            self.set_stop_reason(stops.died(ended))
+            self.log.info("%s: exited by itself (last seen alive %s)", self.who, ended)
+            await self._finish(record, min(ended, now))
         return status
+
+    # -- why a server stopped (spawner/lifecycle/stops.py) ---------------------------------
+
+    def stop_next_because(self, reason: stops.Pending | None) -> None:
+        """Record why the stop about to be asked happens (gputap's stop endpoint, a change)."""
+        self._next_stop = reason
+
+    def set_stop_reason(self, reason: stops.StopReason | None) -> None:
+        """Keep why the server stopped (None: forget it) and the notice the hub shows."""
+        self.stop_reason = reason
+        self.notice = reason.notice if reason else ""
+
+    async def _tell_why(self, reason: stops.StopReason) -> None:
+        """Keep the reason, and tell the running server before it goes (best effort)."""
+        self.set_stop_reason(reason)
+        self.log.info("%s: stopping (%s): %s", self.who, reason.kind, reason.message)
+        server = getattr(self, "server", None)
+        if server is not None and self.api_token:
+            await stops.announce(server.url, self.api_token, reason, self.log)
 
     async def _finish(
         self, record: ServerRecord, requested: datetime, still_running: bool = False
@@ -395,6 +431,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
             state["gputap_disks"] = self.mounted_disks
         if self.notice:
             state["gputap_notice"] = self.notice
+        if self.stop_reason is not None:
+            state["gputap_stop"] = self.stop_reason.view()
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -404,6 +442,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
         disks = state.get("gputap_disks")
         self.mounted_disks = [dict(d) for d in disks] if disks is not None else None
         self.notice = state.get("gputap_notice", "")
+        saved_stop = state.get("gputap_stop")
+        self.stop_reason = stops.StopReason.from_view(saved_stop) if saved_stop else None
         if self.record is not None:
             self.claim_devices(self.record)
 

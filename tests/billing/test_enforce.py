@@ -2,7 +2,8 @@ from datetime import timedelta
 
 from billing_service.domain.enforcement import sessions_to_stop
 from billing_service.domain.records import AccountState, SessionRecord
-from billing_service.loops.enforce import Enforcer, server_url
+from billing_service.loops.enforce import Enforcer
+from billing_service.loops.hub_api import server_url, stop_url
 
 from .conftest import T0
 
@@ -59,6 +60,18 @@ def test_server_url_escapes():
     )
 
 
+def test_stop_url_is_gputaps_stop_endpoint_beside_the_hub_api():
+    api = "http://127.0.0.1:8081/prefix/hub/api/"
+    assert (
+        stop_url(api, "ada", "")
+        == "http://127.0.0.1:8081/prefix/hub/gputap/api/users/ada/server/stop"
+    )
+    assert (
+        stop_url(api, "a b@x", "gpu/1")
+        == "http://127.0.0.1:8081/prefix/hub/gputap/api/users/a%20b%40x/servers/gpu%2F1/stop"
+    )
+
+
 class RecordingClient:
     def __init__(self):
         self.requests = []
@@ -85,8 +98,9 @@ async def test_enforcer_asks_once_per_window():
     assert [s.id for s in await enforcer.check(T0)] == ["s1"]
     assert await enforcer.check(T0 + timedelta(seconds=10)) == []
     assert [s.id for s in await enforcer.check(T0 + timedelta(seconds=31))] == ["s1"]
+    # gputap's stop endpoint, which records that credit ran out (docs/lab.md)
     assert [(r.method, r.url) for r in client.requests] == [
-        ("DELETE", "http://hub/api/users/ada/servers/gpu")
+        ("POST", "http://hub/gputap/api/users/ada/servers/gpu/stop")
     ] * 2
     assert client.requests[0].headers["Authorization"] == "token secret"
 
@@ -116,4 +130,4 @@ async def test_enforcement_never_asks_the_hub_to_stop_a_disk():
         load, api_url="http://hub/api", api_token="secret", interval_seconds=5, http_client=client
     )
     assert [s.id for s in await enforcer.check(T0)] == ["s1"]
-    assert [r.url for r in client.requests] == ["http://hub/api/users/ada/servers/gpu"]
+    assert [r.url for r in client.requests] == ["http://hub/gputap/api/users/ada/servers/gpu/stop"]

@@ -2,9 +2,11 @@
 and GPU are both idle, and keeps one whose GPU is busy though nobody types (docs/lab.md)."""
 
 import json
+import re
 import time
 
 import pytest
+import requests
 
 from tests.platform import ROOT, Platform
 
@@ -69,6 +71,22 @@ def test_idle_server_is_stopped_and_a_gpu_busy_one_is_kept(platform):
     assert sessions["idler"]["state"] == "ended"
     assert sessions["trainer"]["state"] == "running"
     assert "idle-culler" in platform.log_path.read_text()
+    # the stop explains itself (docs/lab.md): idle, for how long, and what to do
+    token = platform.user_token("idler")
+    r = requests.get(
+        f"{platform.url}/hub/gputap/api/users/idler/server",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    stop = r.json()["stop"]
+    assert stop["kind"] == "idle", stop
+    assert re.fullmatch(
+        r"Your server was stopped at \d\d:\d\d UTC after \d+ (seconds|minutes?) without activity"
+        r" \(no typing, running kernel or GPU work\)\.",
+        stop["message"],
+    ), stop["message"]
+    assert "gputap idler: the hub says this server stops (idle)" in platform.log_path.read_text()
 
     # once the GPU is idle too, the trainer's server is stopped as well (files kept)
     (home / ".fake-gpu-busy").unlink()

@@ -84,3 +84,21 @@ def test_running_out_of_credit_stops_the_server_within_the_overrun_and_keeps_fil
     floor = -OVERRUN_SECONDS * PER_SECOND
     assert min(lowest, platform.account("spender")["balance_micro"]) >= floor
     assert (home / "results.csv").read_text() == "epoch,loss\n1,0.5\n"
+
+    # the stop explains itself: in the hub's server view (Lab, the hub's home page) and on
+    # the spawn form, and the server was told before it went (docs/lab.md)
+    r = requests.get(
+        f"{platform.url}/hub/gputap/api/users/spender/server",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    stop = r.json()["stop"]
+    assert stop["kind"] == "credit"
+    assert stop["message"].startswith("Your server was stopped at ")
+    assert "your credit ran out" in stop["message"]
+    assert stop["todo"].startswith("Add credit on the billing page, then start again")
+    log = platform.log_path.read_text()
+    assert "gputap spender: the hub says this server stops (credit)" in log
+    form = platform.login("spender").get(f"{platform.url}/hub/spawn", timeout=30)
+    assert "your credit ran out" in form.text

@@ -248,6 +248,12 @@ class ChangeHandler(HubHandler):
         self.answer(202, self.state.change)
 
 
+class StopHandler(HubHandler):
+    def post(self, user: str, named: str | None) -> None:
+        if self.owned_server(user, _name(named)):
+            self.answer(204, None)
+
+
 class DisksHandler(HubHandler):
     def disks_json(self) -> dict[str, Any]:
         return {
@@ -342,6 +348,7 @@ def make_app(state: HubState) -> Application:
             (SERVER, ServerHandler, kwargs),
             (SERVER + "/choices", ChoicesHandler, kwargs),
             (SERVER + "/change", ChangeHandler, kwargs),
+            (SERVER + "/stop", StopHandler, kwargs),
             (r"/hub/gputap/api/users/([^/]+)/disks", DisksHandler, kwargs),
             (r"/hub/gputap/api/users/([^/]+)/disks/([^/]+)", DiskHandler, kwargs),
             (

@@ -7,11 +7,14 @@ hub's answers and errors through with their status and message, refuses bad inpu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
 import pytest
 import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from tests.lab.conftest import hub_env
 
@@ -26,6 +29,9 @@ ROUTES = [
     ("DELETE", "gputap/disks/data"),
     ("POST", "gputap/disks/data/attach"),
     ("POST", "gputap/disks/data/detach"),
+    ("POST", "gputap/stop"),
+    ("GET", "gputap/stopping"),
+    ("POST", "gputap/stopping"),
 ]
 
 
@@ -300,3 +306,68 @@ def test_not_started_by_a_hub(lab_server, state):
         assert "not started by gputap's hub" in answer.json()["message"]
     # the GPU panel still works
     assert server.get("gputap/gpu").status_code == 200
+
+
+def test_stop_asks_the_hubs_stop_endpoint_with_the_servers_token(server, state):
+    answer = server.post("gputap/stop")
+    assert answer.status_code == 204, answer.text
+    [seen] = state.seen
+    assert (seen.method, seen.path) == ("POST", "/hub/gputap/api/users/alice/server/stop")
+    assert seen.authorized
+    refused = server.post("gputap/stop", json={"now": True})
+    assert refused.status_code == 400 and "takes no body" in refused.json()["message"]
+    assert len(state.seen) == 1
+
+
+STOPPING = {
+    "kind": "credit",
+    "message": "Your server was stopped at 14:05 UTC: your credit ran out.",
+    "todo": "Add credit on the billing page, then start again; your files are kept.",
+    "at": "2025-05-01T14:05:00+00:00",
+    "notice": "Your server was stopped at 14:05 UTC: your credit ran out. Add credit ...",
+}
+
+
+async def _stopping_event(server) -> dict:
+    """Subscribe to the server's events as Lab does, announce a stop, and read the event."""
+    url = server.url.replace("http://", "ws://") + "api/events/subscribe"
+    socket = await websocket_connect(
+        HTTPRequest(url, headers={"Authorization": f"token {server.token}"})
+    )
+    try:
+        answer = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: server.post("gputap/stopping", json=STOPPING)
+        )
+        assert answer.status_code == 204, answer.text
+        while True:
+            event = json.loads(await asyncio.wait_for(socket.read_message(), 10))
+            if event.get("schema_id", "").endswith("gputap_lab/stopping/v1"):
+                return event
+    finally:
+        socket.close()
+
+
+def test_the_hubs_stop_announcement_is_kept_and_reaches_open_pages_at_once(server, state):
+    event = asyncio.run(_stopping_event(server))
+    assert {k: event[k] for k in STOPPING} == STOPPING
+    assert server.get("gputap/stopping").json() == STOPPING
+    assert "the hub says this server stops (credit)" in server.log()
+    assert state.seen == []  # nothing asked of the hub
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ([1], "Send a JSON object"),
+        ({**STOPPING, "kind": "bored"}, "kind must be one of"),
+        ({k: v for k, v in STOPPING.items() if k != "todo"}, "missing todo"),
+        ({**STOPPING, "x" * 300: 1}, "1 unknown field(s)"),
+        ({**STOPPING, "message": "y" * 600}, "at most 500 characters"),
+        ({**STOPPING, "at": "yesterday"}, "ISO 8601"),
+    ],
+)
+def test_bad_stop_announcements_are_refused(server, body, message):
+    answer = server.post("gputap/stopping", json=body)
+    assert answer.status_code == 400
+    assert message in answer.json()["message"]
+    assert "x" * 300 not in answer.text and "y" * 600 not in answer.text

@@ -3,6 +3,7 @@ start: done, reverted when the new start fails, failed when nothing starts, and 
 that stop nothing."""
 
 import asyncio
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
@@ -51,6 +52,10 @@ class Spawner:
         self.record: ServerRecord | None = running_on("A100-80GB/1g.10gb")
         self.queue_note = ""
         self.billing = Billing()
+        self.stop_reasons: list = []  # why each stop happens, as the change recorded it
+
+    def stop_next_because(self, reason) -> None:
+        self.stop_reasons.append(reason)
 
     def parse_server_options(self, options):
         return parse_options(options, CATALOG)
@@ -74,6 +79,7 @@ class Hub:
 
     async def stop(self, user, server_name):
         self.calls.append(("stop", server_name))
+        self.reasons_at_stop = list(self.the_spawner.stop_reasons)
         if self.stop_fails:
             raise RuntimeError("it did not stop")
         self.the_spawner.ready, self.the_spawner.record = False, None
@@ -122,6 +128,19 @@ async def test_a_change_stops_then_starts_with_the_new_options(caplog):
     states = [m.split(": ")[2] for m in caplog.messages if m.startswith("alice: change")]
     assert states == ["stopping", "starting", "done"]
     assert change.status("alice", "") is record
+
+
+async def test_a_change_records_why_the_server_stops_before_stopping_it():
+    spawner = Spawner(FITS)
+    hub = Hub(spawner)
+    await finished(await change_server(hub, ALICE, "", RTX, reason="mount disk data"))
+    # the reason was recorded before the stop was asked for (the server is told it)
+    assert hub.calls[0] == ("stop", "")
+    [reason] = hub.reasons_at_stop
+    why = reason(datetime(2025, 5, 1, 14, 5, tzinfo=UTC))
+    assert why.kind == "change"
+    assert why.message == "Your server is restarting at 14:05 UTC for a restart (mount disk data)."
+    assert why.todo == "It comes back by itself; Lab reloads when it is up."
 
 
 async def test_a_failed_new_start_goes_back_to_the_old_options():

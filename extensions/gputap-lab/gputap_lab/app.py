@@ -11,6 +11,7 @@ from .gpu import NvmlReader, visible_devices
 from .hub import HubClient
 from .routes import default_handlers
 from .sampler import Sampler
+from .stopping import SCHEMA as STOPPING_SCHEMA
 
 
 class GPUTapLab(ExtensionApp):
@@ -126,6 +127,9 @@ class GPUTapLab(ExtensionApp):
             log=self.log,
         )
         self.settings["gputap_sampler"] = self.sampler
+        # the hub's announcement that this server stops reaches open pages as an event
+        self.serverapp.event_logger.register_event_schema(STOPPING_SCHEMA)
+        self.settings["gputap_stopping"] = None
         self.settings["gputap_hub"] = HubClient.from_env(
             timeout_seconds=self.hub_timeout_seconds, log=self.log
         )

@@ -177,6 +177,10 @@ class HubClient:
             "POST", server_path(self.user, self.server_name) + "/change", body
         )
 
+    async def stop(self) -> tuple[int, Any]:
+        """Stop this server through gputap's stop endpoint (the hub records who asked)."""
+        return await self.request("POST", server_path(self.user, self.server_name) + "/stop", {})
+
     async def change_status(self) -> tuple[int, Any]:
         return await self.request("GET", server_path(self.user, self.server_name) + "/change")
 

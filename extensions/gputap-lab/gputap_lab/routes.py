@@ -20,6 +20,7 @@ from jupyter_server.extension.handler import ExtensionHandlerMixin
 
 from .hub import HubClient, HubError
 from .sampler import Sampler
+from .stopping import SCHEMA_ID, stopping_body
 
 DISK_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
 DISK_NAME_RULE = "1 to 32 of a-z, 0-9 and -, starting with a letter"
@@ -115,6 +116,30 @@ class GPUHandler(GPUTapHandler):
         self.finish(json.dumps(self.sampler.to_json()))
 
 
+class StoppingHandler(GPUTapHandler):
+    """POST gputap/stopping: the hub says why this server is about to stop (with the server's
+    own token): kept for the page's next GET, and emitted as an event an open page hears at
+    once. GET: that announcement, or null before any."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.finish(json.dumps(self.settings.get("gputap_stopping")))
+
+    @tornado.web.authenticated
+    def post(self) -> None:
+        body = stopping_body(self.json_body())
+        self.settings["gputap_stopping"] = body
+        self.log.info("gputap %s: the hub says this server stops (%s)", self._who, body["kind"])
+        self.event_logger.emit(schema_id=SCHEMA_ID, data=body)
+        self.set_status(204)
+        self.finish()
+
+    @property
+    def _who(self) -> str:
+        hub = self.settings["gputap_hub"]
+        return hub.who if isinstance(hub, HubClient) else "-"
+
+
 # What a verb asks the hub: the HubClient method and its arguments. An ``Ask`` makes it from
 # the handler and the path's groups, checking the input first: bad input is a 400 the hub
 # never sees.
@@ -178,8 +203,18 @@ def ask_move_disk(handler: GPUTapHandler, name: str, action: str) -> Asked:
     return f"{action}_disk", (name,)
 
 
+def ask_stop(handler: GPUTapHandler) -> Asked:
+    """POST gputap/stop: no body; the hub records that the user stopped it."""
+    if handler.json_body(required=False) not in (None, {}):
+        raise tornado.web.HTTPError(400, "stop takes no body: it stops this server.")
+    handler.log.info("gputap %s: stop asked", handler.hub.who)
+    return "stop", ()
+
+
 default_handlers = [
     (r"gputap/gpu", GPUHandler),
+    (r"gputap/stopping", StoppingHandler),
+    hub_route(r"gputap/stop", post=ask_stop),
     hub_route(r"gputap/server", get=as_is("server")),
     hub_route(r"gputap/choices", get=as_is("choices")),
     hub_route(r"gputap/change", get=as_is("change_status"), post=ask_change),

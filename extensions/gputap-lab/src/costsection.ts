@@ -28,6 +28,10 @@ export class CostSection {
     const session = server.session;
     const account = server.account;
     const rows: HTMLElement[] = [];
+    if (model.stoppedAt !== null) {
+      // stopped: the cost is what it was at the stop, and warnings no longer apply
+      rows.push(row('stopped', stoppedText(model.stoppedAt), 'gputap-stopped-at'));
+    }
     if (session) {
       rows.push(
         row('price', `${formatCredits(session.price_per_hour_micro)} ${currency}/h`, 'gputap-price'),
@@ -71,7 +75,7 @@ export class CostSection {
           : 0
         : credit?.rate_per_hour_micro ?? account.rate_per_hour_micro;
       const pays = course ? model.courseAvailableMicro(course) : available;
-      if (rate > 0 && pays !== null) {
+      if (rate > 0 && pays !== null && model.stoppedAt === null) {
         rows.push(
           row(
             course ? 'course hours last' : 'credit lasts',
@@ -82,13 +86,19 @@ export class CostSection {
       }
     }
     fill(this._body, ...rows);
+    const warnings = model.stoppedAt === null ? (account?.warnings ?? []) : [];
     fill(
       this._warnings,
-      ...(account?.warnings ?? []).map(w =>
+      ...warnings.map(w =>
         h('p', { class: 'gputap-warning', 'data-testid': 'gputap-warning' }, w.message)
       )
     );
   }
+}
+
+function stoppedText(at: number): string {
+  const time = new Date(at).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return `at ${time}; nothing more is charged`;
 }
 
 function row(label: string, value: string, testid: string): HTMLElement {

@@ -3,6 +3,7 @@
  * and data disks without losing open work. One plugin.
  */
 import {
+  IConnectionLost,
   ILayoutRestorer,
   JupyterFrontEnd,
   JupyterFrontEndPlugin
@@ -15,11 +16,31 @@ import { GPUTapModel } from './model';
 import { GPUTapPanel } from './panel';
 import { tellRestartOutcome } from './restart';
 import { GPUTapStatus } from './statusbar';
+import { StopTeller } from './stopped';
 
 const WARNED_KEY = 'gputap:warned';
 
-/** Show each of billing's warnings once (per browser tab), as a notification. */
+/** The notifications of billing's warnings shown on this page (dismissed at a stop). */
+const shownWarnings: string[] = [];
+
+/** One model and one stop teller per page, for both plugins (whichever starts first). */
+let shared: { model: GPUTapModel; teller: StopTeller } | null = null;
+
+function sharedFor(app: JupyterFrontEnd): { model: GPUTapModel; teller: StopTeller } {
+  if (!shared) {
+    const model = new GPUTapModel();
+    shared = { model, teller: new StopTeller(app, model) };
+  }
+  return shared;
+}
+
+/** Show each of billing's warnings once (per browser tab), as a notification; none once
+ * the server stopped (those shown are dismissed: they no longer apply). */
 function warnOnce(model: GPUTapModel): void {
+  if (model.stoppedAt !== null) {
+    shownWarnings.splice(0).forEach(id => Notification.dismiss(id));
+    return;
+  }
   let warned: string[] = [];
   try {
     warned = JSON.parse(window.sessionStorage.getItem(WARNED_KEY) || '[]');
@@ -32,7 +53,7 @@ function warnOnce(model: GPUTapModel): void {
       continue;
     }
     warned.push(key);
-    Notification.warning(warning.message, { autoClose: false });
+    shownWarnings.push(Notification.warning(warning.message, { autoClose: false }));
   }
   try {
     window.sessionStorage.setItem(WARNED_KEY, JSON.stringify(warned));
@@ -53,7 +74,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     resolver: IWindowResolver | null,
     restorer: ILayoutRestorer | null
   ) => {
-    const model = new GPUTapModel();
+    const { model, teller } = sharedFor(app);
     const panel = new GPUTapPanel(model, { app, state, resolver });
     app.shell.add(panel, 'right', { rank: 900 });
     // reopened after a reload (a change of GPU reloads Lab) as it was left
@@ -70,8 +91,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
     void app.restored.then(() => {
       tellRestartOutcome();
       model.start();
+      teller.start();
     });
   }
 };
 
-export default plugin;
+/**
+ * Why the server stopped, instead of JupyterLab's stock "Server unavailable or unreachable"
+ * dialog (package.json disables @jupyterlab/hub-extension:connectionlost, which shows it).
+ */
+const connectionLost: JupyterFrontEndPlugin<IConnectionLost> = {
+  id: 'gputap-lab:connectionlost',
+  description: 'Says why the server stopped and what to do, when Lab loses it.',
+  autoStart: true,
+  provides: IConnectionLost,
+  activate: (app: JupyterFrontEnd): IConnectionLost => sharedFor(app).teller.connectionLost
+};
+
+export default [plugin, connectionLost];

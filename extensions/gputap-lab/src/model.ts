@@ -99,6 +99,15 @@ export interface IChangeStatus {
   finished_at: string | null;
 }
 
+/** Why the server stops, as the hub announced it (docs/lab.md, "Why a server stopped"). */
+export interface IStopNotice {
+  kind: string;
+  message: string;
+  todo: string;
+  at: string;
+  notice: string;
+}
+
 export interface IServer {
   user: string;
   server: string;
@@ -113,6 +122,7 @@ export interface IServer {
   session: ISession | null;
   account: IAccount | null;
   change: IChangeStatus | null;
+  stop?: IStopNotice | null;
 }
 
 export interface IChoice {
@@ -168,6 +178,10 @@ export class GPUTapModel {
   disksError: string | null = null;
   /** Set while a change or a disk restart is under way: polling then stops. */
   restarting = false;
+  /** Why the server stops, once the hub said so (null: not announced). */
+  stopping: IStopNotice | null = null;
+  /** When this page learnt the server stopped (local clock): the cost stops there. */
+  stoppedAt: number | null = null;
 
   /** Billed seconds of the session when `server` was fetched, and when (local clock). */
   private _syncedSeconds = 0;
@@ -220,9 +234,37 @@ export class GPUTapModel {
   }
 
   async refreshServer(): Promise<void> {
-    if (!this.restarting) {
+    if (!this.restarting && this.stoppedAt === null) {
       await this._fetch<IServer>('server', s => this._sync(s), e => (this.serverError = e));
+      // the hub's announcement, if the events stream missed it (a tab in the background)
+      try {
+        const stop = await requestAPI<IStopNotice | null>('stopping');
+        if (stop && !this.restarting) {
+          this.stopped(stop);
+        }
+      } catch {
+        // gone already: Lab's connection check tells
+      }
     }
+  }
+
+  /**
+   * The server stops (`stop`: why, when the hub said; null: it is gone unannounced): the
+   * cost and the credit left stop counting here, polling ends. A change of GPU restarts
+   * the server and is followed by the panel instead.
+   */
+  stopped(stop: IStopNotice | null): void {
+    if (stop?.kind === 'change' || this.restarting) {
+      this.stopping = stop ?? this.stopping;
+      this._changed.emit();
+      return;
+    }
+    this.stopping = stop ?? this.stopping;
+    if (this.stoppedAt === null) {
+      this.stoppedAt = Date.now();
+      this.dispose();
+    }
+    this._changed.emit();
   }
 
   async refreshChoices(): Promise<void> {
@@ -268,7 +310,8 @@ export class GPUTapModel {
 
   /** Seconds since `server` was fetched (for what ticks between two fetches). */
   secondsSinceSync(): number {
-    return this._syncedAt ? (Date.now() - this._syncedAt) / 1000 : 0;
+    const now = this.stoppedAt ?? Date.now();
+    return this._syncedAt ? Math.max(0, now - this._syncedAt) / 1000 : 0;
   }
 
   /** The running session's seconds now, counted from the last sync (no clock skew). */

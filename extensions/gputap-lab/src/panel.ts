@@ -1,5 +1,5 @@
 /** The side panel: GPU, Cost, Change GPU and Disks sections over one model. */
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 
 import { ChangeSection } from './changesection';
 import { CostSection } from './costsection';
@@ -8,15 +8,21 @@ import { fill, h } from './dom';
 import { GPUSection } from './gpusection';
 import { gputapIcon } from './icon';
 import { GPUTapModel, IChangeStatus } from './model';
-import { RequestError } from './request';
+import { RequestError, sendJSON } from './request';
 import { IRestartContext, followRestart, reloadAfter, saveEverything } from './restart';
 import { ModelView } from './view';
+import { Widget } from '@lumino/widgets';
 
 export class GPUTapPanel extends ModelView {
   private _gpu: GPUSection;
   private _cost: CostSection;
   private _change: ChangeSection;
   private _disks: DisksSection;
+  private _stop = h(
+    'button',
+    { class: 'jp-mod-styled jp-mod-warn gputap-stop', 'data-testid': 'gputap-stop-button' },
+    'Stop server'
+  );
   private _progress = h('div', {
     class: 'gputap-progress',
     'data-testid': 'gputap-progress',
@@ -36,11 +42,13 @@ export class GPUTapPanel extends ModelView {
     this._change = new ChangeSection(model, restart);
     this._disks = new DisksSection(model, restart);
     this._progress.hidden = true;
+    this._stop.addEventListener('click', () => void this._askStop());
     fill(
       this.node,
       this._progress,
       this._gpu.node,
       this._cost.node,
+      h('section', { class: 'gputap-section' }, this._stop),
       this._change.node,
       this._disks.node
     );
@@ -52,6 +60,37 @@ export class GPUTapPanel extends ModelView {
     this._cost.update();
     this._change.update();
     this._disks.update();
+    const server = this.model.server;
+    this._stop.disabled =
+      this.model.restarting || this.model.stoppedAt !== null || !server?.running;
+  }
+
+  /** Confirm, then ask the hub (through the server extension) to stop this server. */
+  private async _askStop(): Promise<void> {
+    const body = h(
+      'div',
+      { 'data-testid': 'gputap-stop-confirm' },
+      h('p', {}, 'Running kernels stop and what they hold in memory is lost; files are kept.'),
+      h('p', {}, 'Billing stops now. Start the server again from the hub\u2019s home page.')
+    );
+    const answer = await showDialog({
+      title: 'Stop this server?',
+      body: new Widget({ node: body }),
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Stop server' })]
+    });
+    if (!answer.button.accept) {
+      return;
+    }
+    this._stop.disabled = true;
+    try {
+      await sendJSON('stop', undefined);
+    } catch (error) {
+      if (error instanceof RequestError && error.answered) {
+        this._showProgress(error.message, true);
+        this.render();
+      }
+      // no answer: the server went away as it answered; its announcement tells the rest
+    }
   }
 
   /** Only the cost runs on by itself; the other sections wait for the model. */
