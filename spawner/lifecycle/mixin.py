@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -62,17 +61,12 @@ from ..core.placement import (
     place,
 )
 from ..core.record import ServerRecord
-from . import placing, stops
+from . import placing, refusals, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .metering import Metering
 
 PREVIEW_PATH = "gputap/preview"
 _CATALOGS: dict[str, Catalog] = {}
-#: each user's last refused start, until their next form shows it (JupyterHub renders the
-#: form again after a refusal from the default spawner, whichever server was refused)
-_refusals: dict[str, tuple[float, Refused]] = {}
-#: seconds a refusal waits for its form (the page renders it at once)
-REFUSAL_SHOWN_SECONDS = 120
 
 
 def load_catalog(cards: dict[str, Any]) -> Catalog:
@@ -276,7 +270,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
                 e.jupyterhub_message = e.log_message
                 options = dict(self.user_options or {})
                 refused = Refused(e.log_message, options, typed=typed)
-                _refusals[self.user.name] = (time.monotonic(), refused)
+                refusals.remember(self.user.name, refused)
             raise
 
     async def _start(self):
@@ -577,9 +571,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         choices, simulated, spot_discount = await self.choices()
         credit = credit_of(account, int(terms.get("min_billable_seconds") or 0))
         # the refusal of this user's last start from the form, shown once
-        at, refused = _refusals.pop(self.user.name, (0.0, None))
-        if time.monotonic() - at > REFUSAL_SHOWN_SECONDS:
-            refused = None
+        refused = refusals.take(self.user.name)
         return render_form(
             choices,
             credit=credit,

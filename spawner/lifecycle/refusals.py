@@ -1,0 +1,25 @@
+"""Each user's last refused start, kept until their next spawn form shows it.
+
+JupyterHub renders the form again after a refused start from the default spawner, whichever
+server was refused, so the refusal is kept per user, in the hub's memory, for a short while.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..core.asking import Refused
+
+#: seconds a refusal waits for its form (the page renders it at once)
+SHOWN_SECONDS = 120
+_refusals: dict[str, tuple[float, Refused]] = {}
+
+
+def remember(username: str, refused: Refused) -> None:
+    _refusals[username] = (time.monotonic(), refused)
+
+
+def take(username: str) -> Refused | None:
+    """The user's refusal if it is recent, once: the next form no longer shows it."""
+    at, refused = _refusals.pop(username, (0.0, None))
+    return refused if time.monotonic() - at <= SHOWN_SECONDS else None
