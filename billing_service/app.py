@@ -75,6 +75,7 @@ def make_app(
         make_handlers(prefix, kwargs),
         cookie_secret=secret or secrets.token_bytes(32),
         template_path=str(TEMPLATES),
+        service_prefix=prefix,  # the pages' links to each other (handlers/pages.py)
         login_url=hub_auth.login_url,
         log_function=log_request,
     )

@@ -5,24 +5,52 @@ login cookie and the XSRF token."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
 from gputap_common.money import format_credits
+from gputap_common.scopes import BILLING_ADMIN
 
 from ..domain import ledger
 from ..domain.courses import WEEKDAYS
 from ..domain.usage import daily_gpu_hours
 from .base import BaseHandler
+from .chart import chart_view
 from .courses import CourseHandler
 from .views import course_view, format_hours, price_book_view, session_view, student_course_view
 
-#: days of GPU-hours the user's page charts
-CHART_DAYS = 30
+#: days of GPU-hours the user's page charts: two weeks fit a phone's screen, a row a day
+CHART_DAYS = 14
 
 
-class PageHandler(BaseHandler):
+class HubPage:
+    """A page in the hub's frame (templates/page.html): the hub's stylesheet and scripts,
+    served by the hub, and the hub's navigation bar with gputap's links (docs/billing.md,
+    "Pages"). Mixed into billing's page handlers."""
+
+    def get_template_namespace(self) -> dict[str, Any]:
+        namespace = super().get_template_namespace()  # type: ignore[misc]
+        hub = self.hub_auth.hub_prefix  # type: ignore[attr-defined]
+        service = self.settings.get("service_prefix", "/services/billing/")  # type: ignore[attr-defined]
+        user = self.current_user or {}  # type: ignore[attr-defined]
+        namespace["nav"] = {
+            "hub": hub,
+            "static": f"{hub}static/",
+            "user": user.get("name", ""),
+            # the hub shows its Admin link to holders of admin-ui: the hub's admins
+            "hub_admin": bool(user.get("admin")),
+            "billing_admin": BILLING_ADMIN in (user.get("scopes") or []),
+            "billing": service,
+            "courses": f"{service}courses",
+            "admin": f"{service}admin",
+            "here": self.request.path,  # type: ignore[attr-defined]
+        }
+        return namespace
+
+
+class PageHandler(HubPage, BaseHandler):
     """The user's billing page; browsers log in through the hub (OAuth)."""
 
     @web.authenticated
@@ -44,7 +72,7 @@ class PageHandler(BaseHandler):
             courses={t.course.slug: student_course_view(t) for t in taken},
             prices={t.course.slug: {k: v for k, v in t.prices.items() if v} for t in taken},
             hours=format_hours,
-            chart=daily_gpu_hours(recent, now, since, None),
+            chart=chart_view(daily_gpu_hours(recent, now, since, None)),
             api_url=self.request.path.rstrip("/") + "/api/me",
             # the page's fetches are cookie-authenticated: HubOAuth checks this token
             xsrf=self.xsrf_text,
@@ -54,7 +82,7 @@ class PageHandler(BaseHandler):
         )
 
 
-class AdminPageHandler(BaseHandler):
+class AdminPageHandler(HubPage, BaseHandler):
     """Billing admins: every account, funding, the price book versions, usage export."""
 
     @web.authenticated
@@ -87,7 +115,7 @@ def page_duration(seconds: int) -> str:
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min"
 
 
-class CoursesPageHandler(CourseHandler):
+class CoursesPageHandler(HubPage, CourseHandler):
     """The courses page: a student's courses and hours, the join form; for instructors their
     courses with this week's roster usage and the form to create one."""
 

@@ -2,11 +2,12 @@
 its ``default_handlers``; :data:`default_handlers` is all of them, for
 ``c.JupyterHub.extra_handlers``."""
 
-from . import account, disks, preview, servers
+from . import account, disks, preview, running, servers
 
 default_handlers = [
     *preview.default_handlers,
     *account.default_handlers,
+    *running.default_handlers,
     *servers.default_handlers,
     *disks.default_handlers,
 ]
