@@ -293,3 +293,29 @@ def test_the_hub_home_shows_each_running_server_with_its_price_and_cost(platform
     expect(small).to_have_count(0)
     expect(row).to_have_count(0)
     platform.stop_server("hana")
+
+
+def test_the_hub_home_says_why_a_server_stopped(platform, browser):
+    """An admin stops a user's server: the user's hub home says who stopped it and what to do,
+    under that server, and the notice goes once the server is started again."""
+    platform.login("jude")
+    platform.adjust("jude", "10.00")
+    assert platform.spawn("jude", SLICE).status_code in (201, 202)
+    platform.wait_ready("jude")
+    r = requests.post(
+        f"{platform.url}/hub/gputap/api/users/jude/server/stop",
+        headers={"Authorization": f"token {platform.user_token('ada')}"},
+        timeout=60,
+    )
+    assert r.status_code in (202, 204), r.text
+    platform.wait_stopped("jude")
+    page = log_in(browser, platform, "jude")
+    page.goto(f"{platform.url}/hub/home")
+    notice = page.locator('#gputap-servers tr.gputap-notice[data-server=""]')
+    expect(notice).to_contain_text("An admin (ada) stopped your server")
+    expect(notice).to_contain_text("Start it again")
+    assert platform.spawn("jude", SLICE).status_code in (201, 202)
+    platform.wait_ready("jude")
+    page.reload()
+    expect(page.locator('#gputap-servers tr.gputap-notice[data-server=""]')).to_have_count(0)
+    platform.stop_server("jude")
