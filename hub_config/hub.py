@@ -31,6 +31,9 @@ SERVER_TOKEN_SCOPES = [
     "servers!server",
     f"{scopes.DISKS}!user",
 ]
+#: options of every cookie the hub, billing and the servers set: SameSite=Lax (Strict would
+#: drop the login on the OAuth redirects back from GitHub and on links into the hub)
+COOKIE_OPTIONS = {"samesite": "Lax"}
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -89,6 +92,13 @@ def apply(c: Any, settings: Settings) -> None:
     c.JupyterHub.base_url = base_url
     c.JupyterHub.db_url = hub["db_url"]
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
+    # the hub's cookies (login, session, XSRF, OAuth state) and, through the spawner's
+    # JUPYTERHUB_COOKIE_OPTIONS, the servers' are not sent with cross-site requests other
+    # than top-level navigations (docs/security.md)
+    c.JupyterHub.tornado_settings = {
+        **c.JupyterHub.get("tornado_settings", {}),
+        "cookie_options": dict(COOKIE_OPTIONS),
+    }
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
     # several servers per user (each its own card and billing session), one home for all
