@@ -19,6 +19,7 @@ from gputap_common import clock
 from gputap_common.settings import load_settings, validated
 
 from .config import BillingConfig, load_billing_config
+from .handlers.fields import MAX_STREAM_BYTES
 from .handlers.routes import make_handlers
 from .loops.charge import Charger
 from .loops.enforce import Enforcer
@@ -30,6 +31,9 @@ from .store import Store
 log = logging.getLogger("billing")
 
 TEMPLATES = Path(__file__).with_name("templates")
+#: every cookie billing sets (its login, OAuth state and XSRF cookies): not sent with
+#: cross-site requests other than top-level navigations (docs/security.md)
+COOKIE_OPTIONS = {"samesite": "Lax"}
 
 
 def log_request(handler: web.RequestHandler) -> None:
@@ -69,7 +73,11 @@ def make_app(
 ) -> web.Application:
     """The tornado application serving everything under ``prefix``."""
     # the singleton, so the OAuth callback handler shares it with the API handlers
-    hub_auth = HubOAuth.instance(api_token=os.environ["JUPYTERHUB_API_TOKEN"], cache_max_age=60)
+    hub_auth = HubOAuth.instance(
+        api_token=os.environ["JUPYTERHUB_API_TOKEN"],
+        cache_max_age=60,
+        cookie_options=dict(COOKIE_OPTIONS),
+    )
     kwargs = {"store": store, "executor": executor, "config": config}
     return web.Application(
         make_handlers(prefix, kwargs),
@@ -78,6 +86,7 @@ def make_app(
         service_prefix=prefix,  # the pages' links to each other (handlers/pages.py)
         login_url=hub_auth.login_url,
         log_function=log_request,
+        xsrf_cookie_kwargs=dict(COOKIE_OPTIONS),
     )
 
 
@@ -113,7 +122,11 @@ async def main() -> None:
     meter = await make_meter(config, settings.spawner, store, executor)
     secret = cookie_secret(settings.data_dir / "billing_cookie_secret")
     app = make_app(config, store, executor, prefix, secret)
-    app.listen(url.port or 80, url.hostname or "127.0.0.1", xheaders=True)
+    # bodies past MAX_STREAM_BYTES are not even read (the handlers refuse more than
+    # MAX_BODY_BYTES with a 413 that says so)
+    app.listen(
+        url.port or 80, url.hostname or "127.0.0.1", xheaders=True, max_body_size=MAX_STREAM_BYTES
+    )
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
 
     async def load_accounts(now: datetime):

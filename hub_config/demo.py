@@ -82,7 +82,8 @@ def main() -> int:
     base = base.rstrip("/") + "/"
     host = "127.0.0.1" if hub["ip"] in ("", "0.0.0.0") else hub["ip"]
     url = f"http://{host}:{hub['port']}{base}"
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    os.umask(0o077)  # the data directory and its log are the hub's user's (docs/security.md)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = settings.data_dir / "jupyterhub.log"
     config = ROOT / "hub_config" / "jupyterhub_config.py"
     # the hub runs in the data directory: give it that directory as an absolute path

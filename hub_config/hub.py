@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError
 
@@ -31,6 +33,9 @@ SERVER_TOKEN_SCOPES = [
     "servers!server",
     f"{scopes.DISKS}!user",
 ]
+#: options of every cookie the hub, billing and the servers set: SameSite=Lax (Strict would
+#: drop the login on the OAuth redirects back from GitHub and on links into the hub)
+COOKIE_OPTIONS = {"samesite": "Lax"}
 DEV_LOGIN_NOTICE = (
     "Development login: any username, no password is checked. "
     "Set hub.github.client_id and client_secret to log in with GitHub."
@@ -75,11 +80,39 @@ async def open_billing_account(authenticator, handler, authentication):
     return authentication
 
 
+def private_data_dir(data_dir: Path, others_pass: bool) -> None:
+    """Make the data directory (databases, secrets, logs) private to the hub's user: 0700,
+    or 0711 when servers run as other Unix users (``others_pass``), who must pass through it
+    to their homes and disks but may not list or read it. Its files are written 0600
+    (jupyterhub_config.py sets the umask)."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o711 if others_pass else 0o700)
+
+
+def billing_settings(settings: Settings) -> dict[str, Any]:
+    """What the billing service reads of the settings, and nothing else: no hub secrets
+    (GitHub's client secret, service tokens, the hub's own database)."""
+    spawner = settings.spawner
+    return {
+        "data_dir": str(settings.data_dir),
+        "billing": settings.billing,
+        "spawner": {"backend": spawner["backend"], "kubernetes": spawner["kubernetes"]},
+    }
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the hub's user only (0600, even if it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def apply(c: Any, settings: Settings) -> None:
     """Fill JupyterHub's config object ``c`` from settings."""
     hub = settings.hub
     data_dir = settings.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_data_dir(data_dir, settings.spawner["run_as_system_user"])
     base_url = _url_path(hub["base_url"])
 
     c.JupyterHub.ip = hub["ip"]
@@ -89,6 +122,13 @@ def apply(c: Any, settings: Settings) -> None:
     c.JupyterHub.base_url = base_url
     c.JupyterHub.db_url = hub["db_url"]
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
+    # the hub's cookies (login, session, XSRF, OAuth state) and, through the spawner's
+    # JUPYTERHUB_COOKIE_OPTIONS, the servers' are not sent with cross-site requests other
+    # than top-level navigations (docs/security.md)
+    c.JupyterHub.tornado_settings = {
+        **c.JupyterHub.get("tornado_settings", {}),
+        "cookie_options": dict(COOKIE_OPTIONS),
+    }
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
     c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
     # several servers per user (each its own card and billing session), one home for all
@@ -251,12 +291,14 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
 
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
     hub = settings.hub
-    passthrough = {k: v for k, v in os.environ.items() if k.startswith("GPUTAP_")}
+    # billing reads its own settings file, resolved (file and GPUTAP__ variables) and written
+    # for it alone: neither the operator's whole file nor the hub's environment
+    billing_file = settings.data_dir / "billing-settings.yaml"
+    write_private(billing_file, yaml.safe_dump(billing_settings(settings), sort_keys=True))
+    passthrough = {"GPUTAP_SETTINGS": str(billing_file)}
     if settings.spawner["backend"] == "kubernetes" and os.environ.get("KUBECONFIG"):
         # billing meters the pods with the hub's cluster credentials (docs/billing.md)
         passthrough["KUBECONFIG"] = os.environ["KUBECONFIG"]
-    if settings.source:
-        passthrough["GPUTAP_SETTINGS"] = str(settings.source)
     services: list[dict[str, Any]] = [
         _billing_service(settings.billing, passthrough),
         {"name": "gputap-hub", "api_token": hub_token},

@@ -71,12 +71,12 @@ def check_course_spawn(
     """``ValueError`` naming the course rule a course-funded spawn breaks: the course must be
     active, the user its student, ``sku`` one of its options, and ``in_use`` (GPUs of the
     course running or held for this student) plus ``count`` within its limit."""
-    if course is None or course.archived_at is not None:
-        raise ValueError(f"course: no active course {slug!r}")
-    if not enrolled:
+    # a course the user does not take reads as one that does not exist: its name and
+    # rules are not told to strangers (docs/security.md)
+    if course is None or course.archived_at is not None or not enrolled:
         raise ValueError(
-            f"course: you are not a student of {course.name}; join it with its code or "
-            "ask its instructor"
+            f"course: you take no active course {slug!r}; join it with its code or ask its "
+            "instructor, or start without the course to pay with your own credit"
         )
     if sku not in course.allowed:
         raise ValueError(

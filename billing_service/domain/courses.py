@@ -31,6 +31,18 @@ from .records import SessionRecord
 
 TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 OFFERING = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?")
+#: the fields of a course's rules, as an instructor sends them (:func:`course_rules`)
+COURSE_FIELDS = (
+    "name",
+    "weekly_hours",
+    "allowed",
+    "max_concurrent_gpus",
+    "budget_cap",
+    "github_team",
+    "reset_weekday",
+    "reset_time",
+    "timezone",
+)
 MAX_WEEKLY_HOURS = 168
 MAX_GPUS = 64
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")

@@ -11,5 +11,9 @@ class NotFound(LookupError):
     """An account, session or hold that does not exist; the message says which."""
 
 
+class Conflict(Exception):
+    """An idempotency key reused for another request (409); the message says what to send."""
+
+
 class JoinRateLimited(Exception):
     """Too many wrong join codes; the message says when to try again."""

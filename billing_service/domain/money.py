@@ -7,8 +7,9 @@ integers, and are stored as integers; they leave as text through the one exact f
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from gputap_common.money import MICRO
 
@@ -28,26 +29,44 @@ EARLIEST_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 LATEST_TIME = datetime(2100, 1, 1, tzinfo=UTC)
 
 
-def parse_credits(value: object, field: str = "amount") -> int:
-    """Micro-credits from a decimal string or a number; ``ValueError`` names ``field``.
+#: the one notation of an amount: an optional minus, digits, optionally a point and digits
+#: ("12", "12.5", "-3.25"); no exponent, sign "+", spaces, separators, hex, NaN or Infinity
+DECIMAL = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
-    At most six decimals are accepted: anything finer cannot be stored exactly.
-    A float goes through its shortest repr (YAML ``1.5`` means "1.5"), never binary math.
+
+def parse_credits(value: object, field: str = "amount") -> int:
+    """Micro-credits from a decimal string or a JSON number; ``ValueError`` names ``field``.
+
+    One notation is accepted (:data:`DECIMAL`, docs/security.md), as a string or a number:
+    a number goes through its shortest repr (YAML and JSON ``1.5`` mean "1.5", never binary
+    math), so ``1e3``, NaN and Infinity are refused as their strings are. At most six
+    decimals: anything finer cannot be stored exactly.
     """
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f'{field} must be a decimal string like "9.50", not {value!r}')
-    try:
-        amount = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValueError(f'{field} must be a decimal number like "9.50", not {value!r}') from None
-    if not amount.is_finite():
-        raise ValueError(f"{field} must be a finite number, not {value!r}")
-    micro = amount * MICRO
+        raise ValueError(f'{field} must be a decimal string like "9.50", not {shown(value)}')
+    text = value if isinstance(value, str) else repr(value)
+    if isinstance(value, float) and text.endswith(".0"):
+        text = text[:-2]  # 12.0 is "12"
+    if not DECIMAL.fullmatch(text):
+        raise ValueError(
+            f'{field} must be a decimal number like "9.50" or 9.5 (digits, an optional point '
+            f"and minus; no exponent, sign +, spaces or separators), not {shown(value)}"
+        )
+    micro = Decimal(text) * MICRO
     if micro != micro.to_integral_value():
-        raise ValueError(f"{field} has more than 6 decimals: {value!r}")
+        raise ValueError(f"{field} has more than 6 decimals: {shown(value)}")
     if abs(micro) > MAX_MICRO:
-        raise ValueError(f"{field} must be at most {MAX_MICRO // MICRO} credits, not {value!r}")
+        raise ValueError(
+            f"{field} must be at most {MAX_MICRO // MICRO} credits, not {shown(value)}"
+        )
     return int(micro)
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages: what a caller sent is never
+    echoed in full into answers and logs."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def billed_seconds(started_at: datetime, ended_at: datetime) -> int:

@@ -27,7 +27,7 @@ class AccountHandler(APIHandler):
     async def put(self, username: str) -> None:
         self.require_hub()
         check_text(username, "username", MAX_LENGTH["username"])
-        groups = self.body().get("groups", []) if self.request.body else []
+        groups = self.body(("groups",)).get("groups", []) if self.request.body else []
         if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
             raise web.HTTPError(400, "groups must be a list of the user's group names")
         now = self.now()

@@ -42,7 +42,8 @@ class GrantsHandler(APIHandler):
     @web.authenticated
     async def post(self, username: str) -> None:
         self.require_admin()
-        body = self.body()
+        allowed = ("amount", "reason", "idempotency_key", "course")
+        body = self.body(allowed if self.fixed_kind else (*allowed, "kind"))
         kind = self.fixed_kind or text_field(body, "kind")
         if kind not in ledger.FUNDING_KINDS:
             raise web.HTTPError(

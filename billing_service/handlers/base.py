@@ -10,19 +10,21 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from datetime import datetime
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from gputap_common import clock
 from gputap_common.scopes import BILLING_ACCESS, BILLING_ADMIN, BILLING_HUB
 
 from .. import metrics
 from ..config import BillingConfig
-from ..domain.errors import NotFound
+from ..domain.errors import Conflict, NotFound
 from ..domain.records import AccountState
 from ..store import Store
-from .fields import MAX_PATH_LENGTH, check_text
+from .fields import MAX_BODY_BYTES, MAX_PATH_LENGTH, check_text, read_body
 from .views import account_view
 
 T = TypeVar("T")
@@ -55,6 +57,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
                 f"{model.get('kind', 'user')} {model['name']} may not use billing: "
                 f"it needs the scope {BILLING_ACCESS}",
             ) from None
+        if len(self.request.body or b"") > MAX_BODY_BYTES:
+            raise web.HTTPError(413, f"Request body too large: at most {MAX_BODY_BYTES} bytes")
         # a username or id in the path is looked up or stored: refuse what no column holds
         for value in self.path_args:
             check_text(value, "A username or id in the path", MAX_PATH_LENGTH)
@@ -108,15 +112,42 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             return
         raise web.HTTPError(403, f"You may read only your own billing, not {username!r}'s")
 
+    async def require_hub_user(self, username: str) -> None:
+        """404 unless the hub knows ``username`` (they logged in, or an admin added them):
+        billing opens no account for a name nobody has (docs/security.md). Asked of the hub's
+        REST API with billing's own token (it holds ``read:users``)."""
+        url = f"{self.hub_auth.api_url}/users/{quote(username, safe='')}"
+        request = HTTPRequest(
+            url,
+            headers={"Authorization": f"token {self.hub_auth.api_token}"},
+            request_timeout=10,
+        )
+        try:
+            await AsyncHTTPClient().fetch(request)
+        except HTTPClientError as e:
+            if e.code == 404:
+                raise web.HTTPError(
+                    404,
+                    f"The hub has no user {username!r}: they must log in once (or a hub admin "
+                    "adds them) before they can be enrolled",
+                ) from None
+            raise web.HTTPError(
+                503, f"The hub did not say whether {username!r} exists ({e.code}); try again"
+            ) from None
+        except OSError as e:
+            raise web.HTTPError(503, f"The hub did not answer ({e}); try again") from None
+
     # doing it
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run store work on the single database thread; domain errors become 400/404."""
+        """Run store work on the single database thread; domain errors become 400/404/409."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
         except NotFound as e:
             raise web.HTTPError(404, str(e)) from None
+        except Conflict as e:
+            raise web.HTTPError(409, str(e)) from None
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
 
@@ -185,11 +216,6 @@ class APIHandler(BaseHandler):
         """``data`` with 201 when the request created it, 200 when it was there (a replay)."""
         self.write_json(data, 201 if created else 200)
 
-    def body(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.request.body or b"null")
-        except (ValueError, RecursionError):  # RecursionError: nested too deep to read
-            raise web.HTTPError(400, "Request body must be JSON") from None
-        if not isinstance(data, dict):
-            raise web.HTTPError(400, "Request body must be a JSON object")
-        return data
+    def body(self, allowed: Iterable[str]) -> dict[str, Any]:
+        """The request's JSON object, with no keys but ``allowed`` (:func:`fields.read_body`)."""
+        return read_body(self.request.body, allowed)

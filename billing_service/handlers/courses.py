@@ -24,7 +24,7 @@ from tornado import web
 
 from gputap_common.scopes import BILLING_INSTRUCTOR
 
-from ..domain.courses import CourseRecord, course_rules, slug_of
+from ..domain.courses import COURSE_FIELDS, CourseRecord, course_rules, slug_of
 from ..domain.errors import JoinRateLimited
 from ..domain.usage import csv_text
 from .base import APIHandler
@@ -79,7 +79,7 @@ class CoursesHandler(CourseHandler):
     async def post(self) -> None:
         if not await self.may_teach():
             raise web.HTTPError(403, "Only instructors may create courses; ask an admin")
-        body = self.body()
+        body = self.body((*COURSE_FIELDS, "slug", "join_code"))
         skus = set((await self.blocking(self.store.price_book_at))[1].skus())
         try:
             rules = course_rules(body, skus | self._slice_skus(body, skus))
@@ -141,7 +141,9 @@ class StudentsHandler(CourseHandler):
     @web.authenticated
     async def post(self, slug: str) -> None:
         await self.course_for(slug, teach=True)
-        username = text_field(self.body(), "username")
+        username = text_field(self.body(("username",)), "username")
+        check_text(username, "username", MAX_LENGTH["username"])
+        await self.require_hub_user(username)
         created = await self.blocking(self.store.enroll, slug, username, "instructor", self.now())
         self.write_saved({"username": username, "course": slug}, created)
 
@@ -150,7 +152,7 @@ class CourseGrantsHandler(CourseHandler):
     @web.authenticated
     async def post(self, slug: str) -> None:
         await self.course_for(slug, teach=True)
-        body = self.body()
+        body = self.body(("username", "hours", "reason", "idempotency_key"))
         username = text_field(body, "username")
         hours = body.get("hours")
         if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 168:
@@ -217,7 +219,7 @@ class JoinHandler(CourseHandler):
     async def post(self) -> None:
         if not self.caller_is_user:
             raise web.HTTPError(400, "Only users join courses")
-        code = text_field(self.body(), "code")
+        code = text_field(self.body(("code",)), "code")
         check_text(code, "code", 64)
         try:
             course = await self.blocking(self.store.join, self.caller, code.strip(), self.now())
@@ -230,7 +232,7 @@ class EnrollmentHandler(CourseHandler):
     @web.authenticated
     async def put(self, slug: str) -> None:
         check_text(slug, "course", MAX_LENGTH["course"])
-        fallback = self.body().get("fallback")
+        fallback = self.body(("fallback",)).get("fallback")
         if not isinstance(fallback, bool):
             raise web.HTTPError(400, "fallback must be true (pay on with my credit) or false")
         await self.blocking(self.store.set_fallback, slug, self.caller, fallback)

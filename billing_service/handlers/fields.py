@@ -7,12 +7,15 @@ keep every cost inside the 64-bit money columns (``money.MAX_COUNT``, ``EARLIEST
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from tornado import web
 
-from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
+from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT, shown
 from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
@@ -31,6 +34,54 @@ MAX_LENGTH = {
 DEFAULT_MAX_LENGTH = 255
 #: path arguments: usernames, session and hold ids
 MAX_PATH_LENGTH = MAX_LENGTH["id"]
+#: the largest request body billing reads (413 above it): the biggest real one, a price
+#: book of every card and slice, is a few KiB
+MAX_BODY_BYTES = 64 * 1024
+#: what tornado itself reads at most before answering 400 and closing the connection
+MAX_STREAM_BYTES = 16 * 1024 * 1024
+
+
+def read_body(raw: bytes, allowed: Iterable[str]) -> dict[str, Any]:
+    """A request body: a JSON object whose keys are all in ``allowed``, numbers written in
+    decimal notation (no exponent, NaN or Infinity); 400 naming what is wrong otherwise.
+
+    Every handler names the keys it reads, so a misspelt key ("cuorse") is refused rather
+    than silently ignored (docs/security.md)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise web.HTTPError(413, f"Request body too large: at most {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(raw or b"null", parse_float=_decimal_float, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to read
+        raise web.HTTPError(
+            400, "Request body must be JSON, with numbers in decimal notation like 12.5"
+        ) from None
+    if not isinstance(data, dict):
+        raise web.HTTPError(400, "Request body must be a JSON object")
+    allowed = sorted(allowed)
+    unknown = sorted(key for key in data if key not in allowed)
+    if unknown:
+        names = ", ".join(shown(key) for key in unknown[:5])
+        raise web.HTTPError(
+            400,
+            f"Unknown field(s) {names}; the allowed fields are "
+            f"{', '.join(allowed) if allowed else 'none (send no body)'}",
+        )
+    return data
+
+
+def _decimal_float(text: str) -> float:
+    if "e" in text or "E" in text:
+        raise ValueError("exponent")
+    return float(text)
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(text)
+
+
+#: a SKU in a price book: a card or "cpu" (letters, digits, "." and "-"), or a card's slice
+#: CARD/<g>g.<m>gb or CARD/shared; matched whole
+SKU_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}(/([1-7]g\.[0-9]{1,4}gb|shared))?")
 
 
 def check_text(value: str, what: str, limit: int) -> str:
@@ -48,7 +99,7 @@ def _field(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
         raise web.HTTPError(400, f"Missing field {key!r}: {what}")
     value = body[key]
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise web.HTTPError(400, f"Field {key!r} must be {what}, not {value!r}")
+        raise web.HTTPError(400, f"Field {key!r} must be {what}, not {shown(value)}")
     return value
 
 
@@ -58,7 +109,7 @@ def optional_text(body: dict[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise web.HTTPError(400, f"Field {key!r} must be a string, not {value!r}")
+        raise web.HTTPError(400, f"Field {key!r} must be a string, not {shown(value)}")
     return check_text(value, f"Field {key!r}", MAX_LENGTH.get(key, DEFAULT_MAX_LENGTH))
 
 
@@ -86,7 +137,7 @@ def parse_time(text: str, what: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise web.HTTPError(
-            400, f"{what} must be an ISO 8601 time like 2025-01-01T12:00:00Z, not {text!r}"
+            400, f"{what} must be an ISO 8601 time like 2025-01-01T12:00:00Z, not {shown(text)}"
         ) from None
     if value.tzinfo is None:
         raise web.HTTPError(400, f"{what} needs a timezone, e.g. {text}Z")
@@ -94,7 +145,7 @@ def parse_time(text: str, what: str) -> datetime:
         raise web.HTTPError(
             400,
             f"{what} must be from {EARLIEST_TIME.isoformat()} to {LATEST_TIME.isoformat()}, "
-            f"not {text!r}",
+            f"not {shown(text)}",
         )
     return value
 
@@ -106,7 +157,7 @@ def price_class_field(body: dict[str, Any]) -> str:
         raise web.HTTPError(
             400,
             f"Field 'price_class' must be 'on-demand', 'spot' or 'storage' (data disks), "
-            f"not {value!r}",
+            f"not {shown(value)}",
         )
     return value
 
@@ -118,6 +169,10 @@ def time_field(body: dict[str, Any], key: str) -> datetime:
 def time_argument(handler: web.RequestHandler, name: str) -> datetime | None:
     text = handler.get_argument(name, None)
     return None if text is None else parse_time(text, name)
+
+
+#: the fields :func:`spawn_fields` reads
+SPAWN_FIELDS = ("username", "sku", "count", "price_class", "course")
 
 
 def spawn_fields(body: dict[str, Any]) -> dict[str, Any]:

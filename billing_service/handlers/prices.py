@@ -10,11 +10,15 @@ from tornado import web
 
 from gputap_common.money import format_credits
 
-from ..domain.pricing import ON_DEMAND, PRICE_CLASSES, make_price_book
+from ..domain.money import shown
+from ..domain.pricing import DISK, ON_DEMAND, PRICE_CLASSES, make_price_book
 from .base import APIHandler
+from .fields import SKU_NAME
 from .views import price_book_view
 
 log = logging.getLogger("billing")
+#: the most SKUs one price book may price
+MAX_PRICE_BOOK_SKUS = 1000
 
 
 class PricesHandler(APIHandler):
@@ -56,7 +60,7 @@ class PriceBooksHandler(APIHandler):
     async def post(self) -> None:
         """Publish a new version; running sessions keep the price they started with."""
         self.require_admin()
-        body = self.body()
+        body = self.body(("prices", "spot_discount_percent", "shared_percent"))
         prices = body.get("prices")
         if not isinstance(prices, dict) or not prices:
             raise web.HTTPError(
@@ -64,6 +68,18 @@ class PriceBooksHandler(APIHandler):
                 "Field 'prices' must be an object of SKU to credits per hour, "
                 'e.g. {"A100-80GB": "8.00", "cpu": "0.10"}',
             )
+        if len(prices) > MAX_PRICE_BOOK_SKUS:
+            raise web.HTTPError(
+                400, f"A price book holds at most {MAX_PRICE_BOOK_SKUS} SKUs, not {len(prices)}"
+            )
+        for sku in prices:
+            if sku != DISK and not SKU_NAME.fullmatch(sku):
+                raise web.HTTPError(
+                    400,
+                    f"SKU {shown(sku)} is no SKU name: a card or cpu (1 to 64 of A-Z, a-z, "
+                    "0-9, '.' and '-', starting with a letter or digit), CARD/<g>g.<m>gb, "
+                    "CARD/shared or disk",
+                )
         current = (await self.blocking(self.store.price_book_at))[1]
         try:
             book = make_price_book(
@@ -73,6 +89,17 @@ class PriceBooksHandler(APIHandler):
             )
         except ValueError as e:
             raise web.HTTPError(400, str(e).replace("billing.", "")) from None
+        # every SKU the platform sells keeps a price: those of the settings' book, where the
+        # operator prices the catalog and inventory they run (docs/billing.md)
+        sold = self.store.settings_price_book.skus()
+        unpriced = sorted(sku for sku in sold if book.price(sku) is None)
+        if unpriced:
+            raise web.HTTPError(
+                409,
+                f"This price book leaves {', '.join(unpriced)} without a price, and the platform "
+                "sells them: price every SKU of GET api/prices. To stop selling one, remove it "
+                "from billing.prices in the settings and restart billing.",
+            )
         record, created = await self.blocking(
             self.store.publish_price_book, book, self.caller, "admin", self.now()
         )

@@ -11,7 +11,7 @@ from gputap_common.money import format_credits
 
 from .. import metrics
 from .base import APIHandler
-from .fields import optional_text, spawn_fields, text_field, time_field
+from .fields import SPAWN_FIELDS, optional_text, spawn_fields, text_field, time_field
 from .views import hold_view, session_view
 
 log = logging.getLogger("billing")
@@ -21,7 +21,7 @@ class AdmissionHandler(APIHandler):
     @web.authenticated
     async def post(self) -> None:
         self.require_hub()
-        body = self.body()
+        body = self.body((*SPAWN_FIELDS, "idempotency_key"))
         spawn = spawn_fields(body)
         key = optional_text(body, "idempotency_key")
         admission = await self.blocking(
@@ -70,7 +70,7 @@ class SessionsHandler(APIHandler):
     @web.authenticated
     async def post(self) -> None:
         self.require_hub()
-        body = self.body()
+        body = self.body((*SPAWN_FIELDS, "id", "server_name", "started_at", "hold_id"))
         session_id = text_field(body, "id")
         spawn = spawn_fields(body)
         server_name = text_field(body, "server_name", empty_ok=True)
@@ -112,7 +112,7 @@ class SessionStopHandler(APIHandler):
     @web.authenticated
     async def post(self, session_id: str) -> None:
         self.require_hub()
-        ended_at = time_field(self.body(), "ended_at")
+        ended_at = time_field(self.body(("ended_at",)), "ended_at")
         now = self.now()
         session = await self.blocking(self.store.stop_session, session_id, ended_at, now)
         if session.ended_at == ended_at:

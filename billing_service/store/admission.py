@@ -19,11 +19,12 @@ from ..domain.admission import (
     course_refusal,
 )
 from ..domain.courses import CourseRecord
-from ..domain.errors import NotFound
+from ..domain.errors import Conflict, NotFound
 from ..domain.records import HoldRecord
 from ..orm import Account, BillingSession, Course, Enrollment, Hold
 from . import accounts, courses
 from .operations import reads, writes
+from .postings import KEY_TAKEN
 from .rows import hold_record
 from .terms import Terms
 
@@ -40,8 +41,8 @@ def admit(
     terms: Terms,
 ) -> Judgement:
     """Judge an admission of ``claim`` and, when it is covered and ``hold``, place its hold.
-    ``ValueError`` names a course rule it breaks or an ``idempotency_key`` another account
-    used."""
+    ``ValueError`` names a course rule it breaks; ``Conflict`` when ``idempotency_key``
+    came before for another account or with another claim."""
     account, _ = accounts.open_account(db, username, now, terms.trial_credit_micro)
     db.flush()
     # one admission per account at a time, across replicas
@@ -50,7 +51,14 @@ def admit(
         earlier = db.get(Hold, idempotency_key)
         if earlier is not None:
             if earlier.account_id != account.id:
-                raise ValueError("idempotency_key: already used by another account's admission")
+                raise Conflict(KEY_TAKEN)
+            asked = (claim.sku, claim.count, claim.price_class, course)
+            if (earlier.sku, earlier.count, earlier.price_class, earlier.course) != asked:
+                raise Conflict(
+                    "idempotency_key: the same key came before with a different body (it "
+                    f"admitted {earlier.count} x {earlier.sku}); a replay must repeat the first "
+                    "request exactly. Send a new key for another admission"
+                )
             state = accounts.state(db, account, now)
             return Judgement(state, hold_record(earlier, username), replayed=True)
     minimum = terms.min_billable_seconds

@@ -219,13 +219,24 @@ def extra_hours(
     terms: Terms,
 ) -> Saved[TransactionRecord]:
     """Grant ``username`` extra hours of the reference option for this week only, under
-    ``grant:{key}``; a replay returns the first grant (False)."""
+    ``grant:{key}``; a replay (same caller, student and body) returns the first grant
+    (False), any other use of the key is a ``Conflict``."""
     row = course_row(db, slug)
     if db.get(Enrollment, (slug, username)) is None:
         raise ValueError(f"username: {username} is not a student of {row.name}")
+    memo = f"{row.name}: {hours:g} extra h this week ({reason})"
     existing = postings.find_transaction(db, f"grant:{key}")
     if existing is not None:
-        return postings.transaction_record(db, existing), False
+        # a replay repeats the first request; any other use of its key is a 409
+        code = ledger.pool_code(username, "allowance", slug)
+        record = postings.replayed(
+            db,
+            existing,
+            account_id=accounts.require(db, username).id,
+            created_by=by,
+            same=lambda first: first.memo == memo and any(c == code for c, _ in first.postings),
+        )
+        return record, False
     ensure_week(db, row, username, now, terms)
     account = accounts.find(db, username)
     taught = course_of(db, row)
@@ -244,7 +255,7 @@ def extra_hours(
             (postings.system_account(db, ledger.counter_account("allowance")), -amount),
         ],
         now=now,
-        memo=f"{row.name}: {hours:g} extra h this week ({reason})",
+        memo=memo,
         created_by=by,
     )
     return postings.transaction_record(db, tx), True

@@ -29,19 +29,30 @@ def grant(
     course: str = "",
 ) -> Saved[TransactionRecord]:
     """Fund (or, for an adjustment, debit) an account under ``grant:{idempotency_key}``; a
-    replay returns the first one (False). ``kind`` is one of ``ledger.FUNDING_KINDS``; only
+    replay (same caller, account and body) returns the first one (False), any other use of
+    the key is a ``Conflict``. ``kind`` is one of ``ledger.FUNDING_KINDS``; only
     adjustments may be negative, and only allowances name a course (``ValueError`` for a
     grant ``ledger.check_funding`` refuses, ``NotFound`` for no account)."""
     ledger.check_funding(kind, amount_micro, course)
     key = f"grant:{idempotency_key}"
-    existing = postings.find_transaction(db, key)
-    if existing is not None:
-        return postings.transaction_record(db, existing), False
     account = accounts.require(db, username)
     pool_name = ledger.funding_pool(kind)
-    pool = postings.ledger_account(
-        db, ledger.pool_code(username, pool_name, course), account.id, pool_name, course
-    )
+    code = ledger.pool_code(username, pool_name, course)
+    existing = postings.find_transaction(db, key)
+    if existing is not None:
+        # a replay repeats the first request; any other use of its key is a 409
+        def same(first: TransactionRecord) -> bool:
+            return (first.kind, first.amount_micro, first.memo) == (
+                kind,
+                amount_micro,
+                reason,
+            ) and any(c == code for c, _ in first.postings)
+
+        record = postings.replayed(
+            db, existing, account_id=account.id, created_by=created_by, same=same
+        )
+        return record, False
+    pool = postings.ledger_account(db, code, account.id, pool_name, course)
     counter = postings.system_account(db, ledger.counter_account(kind))
     tx = postings.post(
         db,

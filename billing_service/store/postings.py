@@ -4,14 +4,18 @@ revenue shards. The codes, kinds and splits are pure, in :mod:`billing_service.d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Required, TypedDict, Unpack
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from gputap_common.money import format_credits
+
 from ..domain import ledger
+from ..domain.errors import Conflict
+from ..domain.money import shown
 from ..domain.records import TransactionRecord
 from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
 from .operations import reads
@@ -109,6 +113,37 @@ def funding_pools(
 def find_transaction(db: Session, key: str) -> LedgerTransaction | None:
     """The transaction posted under idempotency key ``key``, if any."""
     return db.scalar(select(LedgerTransaction).where(LedgerTransaction.idempotency_key == key))
+
+
+#: the answer to a key another caller, or the same caller for another account, used first:
+#: it says nothing of that request (docs/security.md, "Idempotency keys")
+KEY_TAKEN = (
+    "idempotency_key: this key was already used for another request; send a new key "
+    "(a key is yours for one request: same caller, same account, same body)"
+)
+
+
+def replayed(
+    db: Session,
+    tx: LedgerTransaction,
+    *,
+    account_id: int,
+    created_by: str,
+    same: Callable[[TransactionRecord], bool],
+) -> TransactionRecord:
+    """The first transaction under a key, when this request is its replay: the same caller
+    (``created_by``) for the same account, and ``same`` body. ``Conflict`` otherwise, never
+    showing the first one: a key reused by someone else answers nothing of theirs."""
+    if tx.account_id != account_id or tx.created_by != created_by:
+        raise Conflict(KEY_TAKEN)
+    record = transaction_record(db, tx)
+    if not same(record):
+        raise Conflict(
+            "idempotency_key: the same key came before with a different body "
+            f"(it granted {format_credits(record.amount_micro)}: {shown(record.memo)}); "
+            "a replay must repeat the first request exactly. Send a new key for a new grant"
+        )
+    return record
 
 
 def post(

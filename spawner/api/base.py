@@ -10,16 +10,57 @@ after these modules are imported. The handlers check their scope with ``has_scop
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
 
 #: under the hub's base URL: {base_url}hub/gputap/api/...
 API_PATH = "gputap/api"
+#: the largest body the gputap API reads (413 above it); the real ones are a few hundred bytes
+MAX_BODY_BYTES = 16 * 1024
+#: what a refusal shows of a key or value the caller sent, at most
+SHOWN_CHARACTERS = 40
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to SHOWN_CHARACTERS, for messages: what a caller sent is never
+    echoed in full into answers and logs."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
 
 
 class GPUTapAPIHandler(APIHandler):
-    """A hub API handler answering JSON that is never cached (it changes second by second)."""
+    """A hub API handler answering JSON that is never cached (it changes second by second).
+
+    Bodies are JSON objects of known keys (:meth:`json_body`) and at most MAX_BODY_BYTES."""
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if len(self.request.body or b"") > MAX_BODY_BYTES:
+            raise web.HTTPError(413, f"Request body too large: at most {MAX_BODY_BYTES} bytes")
+
+    def json_body(self, allowed: Iterable[str]) -> dict[str, Any]:
+        """The request's JSON object ({} for none), with no keys but ``allowed``: 400
+        naming an unknown key and the allowed ones, or saying the body is no JSON object.
+        (JupyterHub's get_json_body logs a traceback for a body nested too deep.)"""
+        if not self.request.body:
+            return {}
+        try:
+            body = json.loads(self.request.body)
+        except (ValueError, RecursionError):
+            raise web.HTTPError(400, "The body must be JSON (an object)") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "The body must be a JSON object")
+        allowed = sorted(allowed)
+        unknown = sorted(key for key in body if key not in allowed)
+        if unknown:
+            names = ", ".join(shown(key) for key in unknown[:5])
+            raise web.HTTPError(
+                400, f"Unknown field(s) {names}; the allowed fields are {', '.join(allowed)}"
+            )
+        return body
 
     def write_json(self, data: dict[str, Any], status: int = 200) -> None:
         self.set_status(status)

@@ -95,14 +95,6 @@ class DiskAPIHandler(GPUTapAPIHandler):
             raise web.HTTPError(404, f"{user.name} has no server {server_name!r}")
         return user.spawners[server_name] if server_name in user.orm_spawners else None
 
-    def body(self) -> dict[str, Any]:
-        body = self.get_json_body()
-        if body is None:
-            return {}
-        if not isinstance(body, dict):
-            raise web.HTTPError(400, "The body must be a JSON object")
-        return body
-
     @staticmethod
     def running(user: Any, server_name: str | None) -> bool:
         if server_name is None or server_name not in user.orm_spawners:
@@ -138,13 +130,8 @@ class DisksHandler(DiskAPIHandler):
 
     async def post(self, username: str) -> None:
         user = self.owner(username)
-        body = self.body()
+        body = self.json_body(("name", "size_gb"))
         name, size_gb = body.get("name"), body.get("size_gb")
-        unknown = sorted(set(body) - {"name", "size_gb"})
-        if unknown:
-            raise web.HTTPError(
-                400, f"Unknown field(s) {', '.join(unknown)}: send only 'name' and 'size_gb'"
-            )
         spawner = user.spawner
         async with _lock(user.name):
             # every check the store makes, before billing hears of the disk
@@ -218,7 +205,7 @@ class DiskActionHandler(DiskAPIHandler):
 
     async def post(self, username: str, name: str, action: str) -> None:
         user = self.owner(username)
-        body = self.body()
+        body = self.json_body(("server",))
         async with _lock(user.name):
             disk = await self.store_call(user, "get", name)
             if action == "attach":

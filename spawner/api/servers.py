@@ -30,7 +30,7 @@ from ..lifecycle import stops
 from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
 from ..lifecycle.change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
 from .account import account_of
-from .base import API_PATH, GPUTapAPIHandler
+from .base import API_PATH, GPUTapAPIHandler, shown
 
 #: users/{user}/server (default server: no name) or users/{user}/servers/{name}
 _SERVER = rf"/{API_PATH}/users/([^/]+)/(?:server|servers/([^/]+))"
@@ -215,23 +215,15 @@ class ChangeHandler(ServerAPIHandler):
 
     async def post(self, user_name: str, server_name: str | None = None) -> None:
         user, _ = self.find_server(user_name, server_name, "servers")
-        body = self.get_json_body()
-        example = '{"options": {"kind": "card", "card": "A100-80GB", "count": 1}, "queue": false}'
-        if not isinstance(body, dict):
-            raise web.HTTPError(400, f"The body must be a JSON object such as {example}")
-        unknown = sorted(set(body) - CHANGE_KEYS)
-        if unknown:
-            raise web.HTTPError(
-                400, f"Unknown field(s) {', '.join(unknown)}; the body is like {example}"
-            )
+        body = self.json_body(CHANGE_KEYS)
         options = body.get("options")
         if not isinstance(options, dict):
             raise web.HTTPError(
-                400, f"options must be an object (the choice's options), not {options!r}"
+                400, f"options must be an object (the choice's options), not {shown(options)}"
             )
         queue = body.get("queue", False)
         if not isinstance(queue, bool):
-            raise web.HTTPError(400, f"queue must be true or false, not {queue!r}")
+            raise web.HTTPError(400, f"queue must be true or false, not {shown(queue)}")
         hub = HandlerHub(self)
         change = await change_server(hub, user, server_name or "", options, queue=queue)
         self.write_json(change.view(), 202)

@@ -94,6 +94,22 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.options_applied(options)
 
 
+class SpawnFromLink(Exception):
+    """A GET of the spawn page with options in its query: nothing starts from a link.
+
+    JupyterHub's spawn page starts a server from ``GET /hub/spawn/...?choice=...`` when
+    the spawner reads the query; a cross-site link or image would then start (and bill) a
+    server. Refusing sends JupyterHub back to the form, which shows this message."""
+
+    jupyterhub_message = (
+        "Nothing was started: a link cannot start a server. "
+        "Press Start to start this server with the options below."
+    )
+
+    def __str__(self) -> str:
+        return self.jupyterhub_message
+
+
 class GPUSpawnerMixin(LoggingConfigurable):
     """The lifecycle, the form and the billing glue shared by gputap's spawners."""
 
@@ -171,6 +187,11 @@ class GPUSpawnerMixin(LoggingConfigurable):
     @default("apply_user_options")
     def _default_apply_user_options(self):
         return apply_gpu_options
+
+    def options_from_query(self, query_data: dict[str, list[str]]) -> dict[str, Any]:
+        """No state change on a GET: the form is shown instead (:class:`SpawnFromLink`);
+        servers start from the form's POST or the REST API (docs/security.md)."""
+        raise SpawnFromLink()
 
     #: the validated options of the spawn in progress, or why they are invalid
     server_options: ServerOptions | None = None

@@ -74,7 +74,7 @@ def test_a_student_spawns_an_allowed_slice_on_the_course_and_not_another_card(st
     )
     with pytest.raises(ValueError, match="allows 1 GPU"):
         store.admit("stu", "T4", 1, T0, course="dl101")  # the slice's hold counts
-    with pytest.raises(ValueError, match="not a student of Intro to DL"):
+    with pytest.raises(ValueError, match="you take no active course .dl101."):
         store.admit("other", "T4", 1, T0, course="dl101")
     [view] = store.student_courses("stu", T0)
     # 6 h of the dearest allowed option (T4, 1.50/h) = 9.00 this week

@@ -20,6 +20,7 @@ def people(hub):
         name: Caller(hub.billing, hub.user_token(name))
         for name in ("prof", "prof2", "stu", "other")
     }
+    hub.platform.create_user("newbie")  # students an instructor adds are users of the hub
     for name in ("prof", "prof2"):
         assert admin("PUT", f"api/instructors/{name}").status_code == 201
     a = who["prof"](

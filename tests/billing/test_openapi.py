@@ -127,6 +127,8 @@ def known(hub):
         call(hub.hub_token, "POST", "api/sessions", {**start, "started_at": STARTED})
     admission = {"username": ADMITTED, "sku": "A100-80GB", "count": 1}
     hold = call(hub.hub_token, "POST", "api/admission", admission)["hold_id"]
+    for name in USERS:  # students an instructor adds are users of the hub
+        hub.platform.create_user(name)
     for slug in (COURSE, ARCHIVED):
         course = {"name": slug, "slug": slug, "allowed": ["T4"]}
         call(hub.ops_token, "POST", "api/courses", course)
@@ -207,6 +209,11 @@ def steer(case, draw, known) -> None:
         "timezone": st.sampled_from(["UTC", "Europe/Berlin"]),
         "github_team": st.just("acme:dl"),
         "reset_time": st.just("08:00"),
+        # a book must price every SKU on sale: new prices for each, maybe one SKU more
+        "prices": st.fixed_dictionaries(
+            {sku: st.sampled_from(["0.50", "2.25", "8.00"]) for sku in known["book"]["prices"]},
+            optional={"B200": st.just("12.00")},
+        ),
     }
     if isinstance(case.path_parameters, dict) and "slug" in case.path_parameters:
         archive = case.path.endswith("/archive")

@@ -225,7 +225,7 @@ def test_sold_out_is_refused_and_stops_nothing_or_waits_in_the_queue(platform):
         ({"options": {"kind": "card", "card": "B300"}}, "unknown card 'B300'"),
         ({"options": {"kind": "card", "card": "RTX-4090", "count": 3}}, "at most 2"),
         ({"options": {"kind": "card", "card": "T4", "spot": True}}, "Kubernetes"),
-        ({"options": RTX, "force": True}, "Unknown field(s) force"),
+        ({"options": RTX, "force": True}, "Unknown field(s) 'force'"),
         ({"queue": True}, "options must be an object"),
         ({"options": RTX, "queue": "yes"}, "queue must be true or false"),
         ([RTX], "The body must be a JSON object"),
