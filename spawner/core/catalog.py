@@ -7,6 +7,7 @@ and nothing here knows prices: those live in billing.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -203,3 +204,14 @@ class Catalog:
 
 def _norm(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip()).lower()
+
+
+_CATALOGS: dict[str, Catalog] = {}
+
+
+def load_catalog(cards: dict[str, Any]) -> Catalog:
+    """The catalog with operator edits, built once per distinct configuration."""
+    key = json.dumps(cards, sort_keys=True)
+    if key not in _CATALOGS:
+        _CATALOGS[key] = Catalog.load({"cards": cards})
+    return _CATALOGS[key]

@@ -38,7 +38,7 @@ from gputap_common import clock
 from gputap_common.names import server_label
 
 from ..core.asking import Refused, credit_of
-from ..core.catalog import CPU_KEY, Catalog
+from ..core.catalog import CPU_KEY, Catalog, load_catalog
 from ..core.choices import build_choices
 from ..core.disks import Disk, DiskError
 from ..core.form import (
@@ -66,15 +66,6 @@ from .billing_client import BillingClient, BillingRefused, BillingUnavailable, u
 from .metering import Metering
 
 PREVIEW_PATH = "gputap/preview"
-_CATALOGS: dict[str, Catalog] = {}
-
-
-def load_catalog(cards: dict[str, Any]) -> Catalog:
-    """The catalog with operator edits, built once per distinct configuration."""
-    key = json.dumps(cards, sort_keys=True)
-    if key not in _CATALOGS:
-        _CATALOGS[key] = Catalog.load({"cards": cards})
-    return _CATALOGS[key]
 
 
 def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) -> None:
@@ -92,22 +83,6 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.server_options, spawner.options_error = None, str(e)
     else:
         spawner.options_applied(options)
-
-
-class SpawnFromLink(Exception):
-    """A GET of the spawn page with options in its query: nothing starts from a link.
-
-    JupyterHub's spawn page starts a server from ``GET /hub/spawn/...?choice=...`` when
-    the spawner reads the query; a cross-site link or image would then start (and bill) a
-    server. Refusing sends JupyterHub back to the form, which shows this message."""
-
-    jupyterhub_message = (
-        "Nothing was started: a link cannot start a server. "
-        "Press Start to start this server with the options below."
-    )
-
-    def __str__(self) -> str:
-        return self.jupyterhub_message
 
 
 class GPUSpawnerMixin(LoggingConfigurable):
@@ -189,9 +164,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
         return apply_gpu_options
 
     def options_from_query(self, query_data: dict[str, list[str]]) -> dict[str, Any]:
-        """No state change on a GET: the form is shown instead (:class:`SpawnFromLink`);
+        """No state change on a GET: the form is shown instead (:class:`~.refusals.SpawnFromLink`);
         servers start from the form's POST or the REST API (docs/security.md)."""
-        raise SpawnFromLink()
+        raise refusals.SpawnFromLink()
 
     #: the validated options of the spawn in progress, or why they are invalid
     server_options: ServerOptions | None = None
