@@ -145,6 +145,7 @@ class CourseOffer:
     name: str
     hours_left: Mapping[str, float]  # per allowed option, one GPU
     resets: str
+    fallback: bool = False  # the student pays on with own credit when the hours are used up
 
 
 def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
@@ -155,9 +156,35 @@ def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
             name=c["name"],
             hours_left=dict(c["hours_left"]),
             resets=f"{c['reset_weekday'].capitalize()} {c['reset_time']} {c['timezone']}",
+            fallback=bool(c.get("fallback")),
         )
         for c in answer.get("courses") or []
     ]
+
+
+def course_refusal(offers: list[CourseOffer], slug: str, key: str) -> str | None:
+    """Why the course ``slug`` would refuse to pay for ``key`` now, in billing's own words,
+    or None (``offers``: the user's courses, from billing). Asked before a change stops the
+    running server; the course's limit of GPUs at once is left to the new start, since the
+    server being changed still counts against it until it stops."""
+    offer = next((o for o in offers if o.slug == slug), None)
+    if offer is None:
+        # a course the user does not take reads as one that does not exist (docs/security.md)
+        return (
+            f"You take no active course {slug!r}; join it with its code or ask its "
+            "instructor, or pick an option without the course to pay with your own credit."
+        )
+    if key not in offer.hours_left:
+        return (
+            f"{offer.name} pays for {', '.join(sorted(offer.hours_left))} only, not {key}. "
+            "Pick one of those, or an option without the course to pay with your own credit."
+        )
+    if offer.hours_left[key] <= 0 and not offer.fallback:
+        return (
+            f"No {offer.name} hours left this week for {key}; they reset {offer.resets}. "
+            "Pick an option without the course to pay with your own credit."
+        )
+    return None
 
 
 def format_hours(hours: float) -> str:

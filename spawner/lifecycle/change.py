@@ -29,7 +29,7 @@ from gputap_common.money import format_credits
 from gputap_common.names import server_label
 
 from ..core.choices import wanted_key
-from ..core.form import offering_options
+from ..core.form import course_offers, course_refusal, offering_options
 from ..core.placement import Alternative, Refusal, RequestError
 from . import stops
 from .billing_client import BillingRefused, BillingUnavailable
@@ -231,6 +231,8 @@ async def change_server(
             f"{answer.message}{hint} a free option. Your server was not stopped.",
             alternatives_view(answer.alternatives),
         )
+    if options.course:
+        await _check_course(spawner, user.name, options.course, answer, wanted)
     # the checks awaited billing: the server may have stopped or started changing since
     busy = why_busy(spawner, user.name, server_name)
     if busy:
@@ -253,6 +255,27 @@ async def change_server(
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return change
+
+
+async def _check_course(
+    spawner: Any, username: str, slug: str, answer: Any, wanted: str | None
+) -> None:
+    """409 when the course would refuse to pay for the new option: asked before the stop,
+    so a refusal stops nothing (admission would refuse only after the old server ended)."""
+    key = wanted if isinstance(answer, Refusal) else answer.offering.key
+    try:
+        offers = course_offers(await spawner.billing.courses(username))
+    except BillingUnavailable as e:
+        raise web.HTTPError(
+            503,
+            "Billing is unreachable, so the course cannot be asked; your server was not "
+            f"stopped. Try again in a minute ({e}).",
+        ) from None
+    except BillingRefused:
+        offers = []  # no account yet: no courses
+    why = course_refusal(offers, slug, key or "")
+    if why:
+        raise web.HTTPError(409, f"{why} Your server was not stopped.")
 
 
 async def restart_with(

@@ -219,6 +219,44 @@ def test_sold_out_is_refused_and_stops_nothing_or_waits_in_the_queue(platform):
     platform.stop_server("dave")
 
 
+def test_a_change_the_course_will_refuse_is_refused_before_anything_stops(platform):
+    """The course's rules are asked before the stop: a change to an option the course does
+    not pay for, or with a course the student does not take, stops nothing."""
+    r = platform.billing(
+        "api/courses",
+        "POST",
+        {"name": "Slices only", "allowed": ["A100-80GB/1g.10gb"], "weekly_hours": 6},
+    )
+    assert r.status_code == 201, r.text
+    slug = r.json()["slug"]
+    platform.create_user("fay")
+    r = platform.billing(f"api/courses/{slug}/students", "POST", {"username": "fay"})
+    assert r.status_code in (200, 201), r.text
+    token = started(platform, "fay", {**SLICE, "course": slug})
+    before = pid(platform, "fay")
+
+    r = api(
+        platform, token, "users/fay/server/change", "POST", {"options": {**RTX, "course": slug}}
+    )
+    assert r.status_code == 409, r.text
+    message = r.json()["message"]
+    assert "Slices only pays for A100-80GB/1g.10gb only, not RTX-4090" in message, message
+    assert message.endswith("Your server was not stopped."), message
+    r = api(
+        platform,
+        token,
+        "users/fay/server/change",
+        "POST",
+        {"options": {**RTX, "course": "secret-ml"}},
+    )
+    assert r.status_code == 409, r.text
+    assert "You take no active course 'secret-ml'" in r.json()["message"]
+    assert pid(platform, "fay") == before and platform.server("fay")["ready"]
+    assert [s["state"] for s in platform.sessions("fay")] == ["running"]
+    assert api(platform, token, "users/fay/server/change").status_code == 404  # none started
+    platform.stop_server("fay")
+
+
 @pytest.mark.parametrize(
     "body,message",
     [
