@@ -12,7 +12,7 @@ LAB_SOURCES := $(wildcard $(LAB)/src/*.ts $(LAB)/style/*) $(LAB)/package.json $(
 LAB_BUILT := $(LAB)/gputap_lab/labextension/package.json
 LAB_STAMP := $(VENV)/.gputap-lab-installed
 
-.PHONY: setup demo test lint format bench system-packages clean
+.PHONY: setup demo test lint format bench screenshots system-packages clean
 
 setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP)
 
@@ -57,6 +57,12 @@ system-packages:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing; \
 	  else echo "The tests need:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
 	fi
+
+# The README's screenshots (docs/images), taken by the Chromium tests that check those pages
+SCREENSHOT_TESTS := tests/browser/test_lab_e2e.py tests/browser/test_lab_stops.py \
+	tests/browser/test_money_browser.py tests/browser/test_hub_pages.py
+screenshots: setup system-packages
+	GPUTAP_SCREENSHOTS=docs/images $(PY) -m pytest $(SCREENSHOT_TESTS) -q -n 2 --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check .

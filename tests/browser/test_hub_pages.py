@@ -5,17 +5,16 @@ price and cost so far on the hub home and the hub admin page."""
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 import requests
 from playwright.sync_api import expect
 
 from gputap_common.scopes import BILLING_ACCESS, BILLING_HUB
+from tests.browser.shots import screenshot
 from tests.platform import Platform
 
 PHONE = {"width": 390, "height": 844}
@@ -86,16 +85,6 @@ def page_width(page) -> int:
     return page.evaluate("document.documentElement.scrollWidth")
 
 
-def screenshot(page, name: str) -> None:
-    """Saved for the README only when GPUTAP_SCREENSHOTS names a folder."""
-    folder = os.environ.get("GPUTAP_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(folder) / name), full_page=True)
-    else:
-        page.screenshot()
-
-
 def midnight_days_ago(days: int) -> datetime:
     now = datetime.now(UTC)
     return datetime(now.year, now.month, now.day, tzinfo=UTC) - timedelta(days=days)
@@ -120,7 +109,7 @@ def test_the_billing_page_fits_a_phone(platform, browser):
     for cell in ("#running tr.running-session td", "#sessions tr.session td"):
         box = page.locator(cell).first.bounding_box()
         assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], cell
-    screenshot(page, "billing-phone.png")
+    screenshot(page, "billing-phone.png", full_page=True)
 
     page.goto(f"{platform.url}/services/billing/courses")
     expect(page.locator("#join")).to_be_visible()

@@ -5,13 +5,11 @@ sessions, and a data disk whose file survives a second change (docs/lab.md)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from datetime import datetime
 
 from playwright.sync_api import Page, expect
 
-from tests.platform import ROOT
+from tests.browser.shots import screenshot
 
 NOTEBOOK = {
     "cells": [
@@ -30,7 +28,6 @@ NOTEBOOK = {
     "nbformat": 4,
     "nbformat_minor": 5,
 }
-SCREENSHOT = ROOT / "docs" / "images" / "lab-panel.png"
 
 
 def log_in(page: Page, url: str, name: str) -> None:
@@ -124,9 +121,7 @@ def test_panel_change_gpu_keeps_work_and_bills_exact_seconds(platform, browser, 
     expect(cost).to_contain_text("credits")
     before = cost.inner_text()
     expect(cost).not_to_have_text(before, timeout=10_000)
-    page.screenshot(path=str(tmp_path / "lab-panel.png"))
-    if os.environ.get("GPUTAP_UPDATE_SCREENSHOTS"):
-        shutil.copy(tmp_path / "lab-panel.png", SCREENSHOT)
+    screenshot(page, "lab-panel.png")
 
     # change: slice -> a whole RTX-4090; Lab comes back by itself on the new server
     first_pid = platform.server(name)["state"]["pid"]

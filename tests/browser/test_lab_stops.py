@@ -9,13 +9,12 @@ there as lab-stop-explained.png.
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.browser.shots import screenshot
 from tests.browser.test_lab_e2e import log_in, open_panel
 from tests.platform import Platform
 
@@ -64,9 +63,7 @@ def test_a_credit_stop_in_open_lab_says_why_and_the_cost_freezes(platform, brows
     expect(page.locator(".jp-Dialog-header")).to_have_text("Out of credit: server stopped")
     expect(page.get_by_role("button", name="Billing page")).to_be_visible()
     platform.wait_stopped("petra")
-    folder = os.environ.get("GPUTAP_SCREENSHOTS")
-    shot = page.screenshot(path=str(Path(folder) / "lab-stop-explained.png") if folder else None)
-    assert len(shot) > 10_000
+    screenshot(page, "lab-stop-explained.png")
 
     # the cost stopped at the stop; no warning is left
     frozen = page.get_by_test_id("gputap-cost-so-far").inner_text()

@@ -6,15 +6,14 @@ offers alternatives that select their own row."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.shots import screenshot
 from tests.platform import Platform
 
 SLICE = "A100-80GB/1g.10gb"  # 1.142857/h in the default book
@@ -123,11 +122,7 @@ def test_course_hours_are_not_credit_on_the_form_and_the_billing_page(platform, 
     assert [p["pool"] for p in listed["RTX-4090"]["paid_by"]] == ["trial"]
 
     page.set_viewport_size({"width": 1280, "height": 900})
-    shots = os.environ.get("GPUTAP_SCREENSHOTS")
-    image = page.screenshot(
-        full_page=True, path=str(Path(shots) / "billing-page.png") if shots else None
-    )
-    assert len(image) > 10_000
+    screenshot(page, "billing-page.png", full_page=True)
     platform.stop_server("cora")
 
 
