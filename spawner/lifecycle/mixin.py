@@ -260,7 +260,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
         with what was picked selected again and the alternatives to pick instead."""
         typed, self._typed = self._typed, {}
         try:
-            return await self._start()
+            return await self._start_placed()
         except web.HTTPError as e:
             if 400 <= e.status_code < 500 and e.log_message:
                 e.jupyterhub_message = e.log_message
@@ -269,7 +269,8 @@ class GPUSpawnerMixin(LoggingConfigurable):
                 refusals.remember(self.user.name, refused)
             raise
 
-    async def _start(self):
+    async def _start_placed(self):
+        # not `_start`: KubeSpawner.start calls its own `_start`, which this would shadow
         options = self.validated_options()
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"

@@ -4,7 +4,7 @@ import pytest
 
 from billing_service.domain import ledger
 from billing_service.domain.courses import course_rules
-from billing_service.domain.errors import NotFound, UnknownSku
+from billing_service.domain.errors import Conflict, NotFound, UnknownSku
 from billing_service.domain.pricing import make_price_book
 
 from .conftest import T0
@@ -191,8 +191,11 @@ def test_grants_replay_and_balance_is_sum_of_postings(store):
     store.start_session("s1", "ada", "", "A100-40GB", 1, T0, T0)
     store.stop_session("s1", T0 + timedelta(seconds=5400), T0)
     first, created = store.adjust("ada", 2_500_000, "course grant", "grant-1", T0)
-    again, created_again = store.adjust("ada", 2_500_000, "double click", "grant-1", T0)
+    again, created_again = store.adjust("ada", 2_500_000, "course grant", "grant-1", T0)
     assert created and not created_again and again == first
+    # the same key with another body is not a replay (docs/security.md)
+    with pytest.raises(Conflict, match="different body"):
+        store.adjust("ada", 2_500_000, "double click", "grant-1", T0)
     txs = store.transactions("ada")
     assert [t.kind for t in txs] == ["trial", "charge", "adjustment"]
     assert store.account("ada", T0).balance_micro == sum(t.amount_micro for t in txs)

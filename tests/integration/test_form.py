@@ -8,7 +8,7 @@ from gputap_common.money import format_credits
 
 
 def row(page: str, key: str) -> str:
-    match = re.search(rf'<label class="gputap-choice[^"]*" data-key="{re.escape(key)}">.*?</label>',
+    match = re.search(rf'<div class="gputap-choice[^"]*" data-key="{re.escape(key)}">.*?</div>',
                       page, re.S)  # fmt: skip
     assert match, f"no option {key} in the form"
     return match[0]

@@ -188,3 +188,22 @@ def test_the_spawners_short_names_are_jupyterhub_entry_points():
     points = {p.name: p.load() for p in entry_points(group="jupyterhub.spawners")}
     assert points["gputap-local"] is GPULocalSpawner
     assert points["gputap-kubernetes"] is GPUKubeSpawner
+
+
+def test_the_lifecycle_mixin_overrides_only_the_spawner_methods_it_means_to():
+    """GPUSpawnerMixin comes first in both backends' bases: a name it defines that the
+    backend's spawner class also has replaces that class's own. A private helper named like
+    one of KubeSpawner's (its `_start`, which its `start` calls) broke every Kubernetes spawn."""
+    from jupyterhub.spawner import LocalProcessSpawner
+    from kubespawner import KubeSpawner
+    from traitlets import HasTraits
+
+    from spawner.lifecycle.mixin import GPUSpawnerMixin
+
+    meant = {"start", "stop", "poll", "progress", "get_state", "load_state", "clear_state",
+             "get_env", "options_from_query", "_log_name"}  # fmt: skip
+    machinery = set(dir(HasTraits))  # traitlets' own bookkeeping, in every class
+    own = {name for name in vars(GPUSpawnerMixin) if not name.startswith("__")} - machinery
+    for base in (LocalProcessSpawner, KubeSpawner):
+        shadowed = {name for name in own if hasattr(base, name)}
+        assert shadowed <= meant, f"{base.__name__}: {sorted(shadowed - meant)}"
