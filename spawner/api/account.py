@@ -20,8 +20,9 @@ class AccountHandler(APIHandler):
 
     Billing is asked with the hub's token, so the caller must hold the scope billing would
     ask of them. A course student's answer adds ``course_hours``: each course's hours left
-    this week, as the spawn form writes them (course hours are not credit). Cookie requests need the page's XSRF token (``X-XSRFToken``), as every hub
-    API call does; token requests do not.
+    this week, as the spawn form writes them (course hours are not credit). Cookie requests
+    need the page's XSRF token (``X-XSRFToken``), as every hub API call does; token requests
+    do not.
     """
 
     async def get(self) -> None:
