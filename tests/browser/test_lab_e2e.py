@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from datetime import datetime
 
 from playwright.sync_api import Page, expect
@@ -193,4 +194,55 @@ def test_disk_attached_in_lab_keeps_its_file_across_a_change_of_gpu(platform, br
     [disk] = [s for s in platform.sessions(name) if s["sku"] == "disk"]
     assert disk["count"] == 5 and disk["state"] == "running"
     assert platform.ledger_problems() == []
+    page.close()
+
+
+def no_error_dialog(page: Page, seconds: float = 5) -> None:
+    """No dialog (Lab's "File Load Error", "Cannot open", …) shows up for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        dialogs = page.locator(".jp-Dialog")
+        assert dialogs.count() == 0, dialogs.first.inner_text()
+        time.sleep(0.25)
+
+
+def test_detaching_the_disk_being_browsed_leaves_lab_in_a_folder_that_exists(platform, browser):
+    name = "dirk"
+    platform.create_user(name)
+    assert platform.spawn(name, {"kind": "cpu"}).status_code in (201, 202)
+    platform.wait_ready(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)
+    base = f"{platform.url}/user/{name}/"
+    page.goto(f"{base}lab")
+    open_panel(page)
+    page.get_by_test_id("gputap-disk-name").fill("scratch")
+    page.get_by_test_id("gputap-disk-size").fill("1")
+    page.get_by_test_id("gputap-disk-create").click()
+    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text("not attached")
+    page.get_by_test_id("gputap-disk-attach-scratch").click()
+    confirm_and_wait_for_reload(page)
+    assert put_text(page, base, "disks/scratch/notes.txt", "on the disk\n") == 201
+
+    # browse the disk: the file browser in ~/disks/scratch, a file of it open
+    page.goto(f"{base}lab/tree/disks/scratch/notes.txt")
+    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("notes.txt")
+    crumbs = page.locator("#filebrowser .jp-BreadCrumbs")
+    expect(crumbs).to_contain_text("scratch")
+    open_panel(page)
+    page.get_by_test_id("gputap-disk-detach-scratch").click()
+    confirm_and_wait_for_reload(page)
+    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text("not attached")
+    assert contents(page, base, "disks/scratch")["status"] == 404  # gone from the server
+
+    # Lab is in a folder that exists, says nothing went wrong, and the disk's file is closed
+    no_error_dialog(page)
+    expect(crumbs).not_to_contain_text("scratch")
+    expect(page.locator("#filebrowser .jp-DirListing-content")).to_be_visible()
+    expect(page.locator(".lm-DockPanel-tabBar")).not_to_contain_text("notes.txt")
+    assert "disks/scratch" not in page.url
+    # the file is still on the disk (detached, not deleted)
+    folder = platform.root / "data" / "disks" / name / "scratch"
+    assert (folder / "notes.txt").read_text() == "on the disk\n"
     page.close()
