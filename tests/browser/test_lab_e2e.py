@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from datetime import datetime
+from decimal import Decimal
 
 from playwright.sync_api import Page, expect
 
@@ -245,4 +246,55 @@ def test_detaching_the_disk_being_browsed_leaves_lab_in_a_folder_that_exists(pla
     # the file is still on the disk (detached, not deleted)
     folder = platform.root / "data" / "disks" / name / "scratch"
     assert (folder / "notes.txt").read_text() == "on the disk\n"
+    page.close()
+
+
+def micro(text: str) -> int:
+    """'9.998766 credits available' → 9998766."""
+    return int(Decimal(text.split()[0]) * 1_000_000)
+
+
+def test_lab_so_far_and_available_agree_with_billing_to_the_micro_credit(platform, browser):
+    name = "sofi"
+    platform.create_user(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)  # opens the account with its trial credit
+    platform.adjust(name, "1.234567")  # paid credit beside the trial: both are own credit
+    assert platform.spawn(name, {"kind": "cpu"}).status_code in (201, 202)
+    platform.wait_ready(name)
+    page.goto(f"{platform.url}/user/{name}/lab")
+    open_panel(page)
+    expect(page.get_by_test_id("gputap-cost-so-far")).to_contain_text("credits")
+
+    readings = 0
+    deadline = time.monotonic() + 25  # across syncs (every 10 s) and interval charges
+    while time.monotonic() < deadline:
+        before = platform.account(name)
+        shown = page.evaluate(
+            """() => ['gputap-cost-so-far', 'gputap-balance'].map(
+                 (id) => document.querySelector(`[data-testid=${id}] .gputap-value`).textContent)"""
+        )
+        after = platform.account(name)
+        so_far, available = micro(shown[0]), micro(shown[1])
+        [b], [a] = before["running"], after["running"]
+        # billing's own relation at each as_of: what the session cost plus what is
+        # available is the own balance plus what the session's charges already took
+        for view, session in ((before, b), (after, a)):
+            own = view["credit"]
+            assert own["available_micro"] + session["cost_micro"] == (
+                own["balance_micro"] + session["charged_micro"]
+            ), view
+        balance_side = after["credit"]["balance_micro"] + a["charged_micro"]
+        # the panel's two numbers, read at one moment, add up to the same
+        assert so_far + available == balance_side, (shown, after)
+        # and they are billing's numbers of one whole second the panel showed (it ticks
+        # every second, so it may show the second before the first read)
+        price = a["price_per_hour_micro"] * a["count"]
+        seconds = range(b["billed_seconds"] - 1, a["billed_seconds"] + 1)
+        assert so_far in {price * n // 3600 for n in seconds}, (so_far, seconds, shown)
+        readings += 1
+        time.sleep(0.37)
+    assert readings > 20
+    platform.stop_server(name)
     page.close()
