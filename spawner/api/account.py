@@ -9,6 +9,7 @@ from tornado import web
 
 from gputap_common import scopes
 
+from ..core.form import course_offers, format_hours
 from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUnavailable
 
 ACCOUNT_PATH = "gputap/account"
@@ -18,8 +19,10 @@ class AccountHandler(APIHandler):
     """GET /hub/gputap/account: billing's view of the caller's own account (JSON).
 
     Billing is asked with the hub's token, so the caller must hold the scope billing would
-    ask of them. Cookie requests need the page's XSRF token (``X-XSRFToken``), as every hub
-    API call does; token requests do not.
+    ask of them. A course student's answer adds ``course_hours``: each course's hours left
+    this week, as the spawn form writes them (course hours are not credit). Cookie requests
+    need the page's XSRF token (``X-XSRFToken``), as every hub API call does; token requests
+    do not.
     """
 
     async def get(self) -> None:
@@ -41,6 +44,8 @@ class AccountHandler(APIHandler):
             ) from None
         except BillingRefused as e:
             raise web.HTTPError(502, f"Billing refused to show your credit: {e.message}") from None
+        if account.get("courses"):
+            account["course_hours"] = await course_hours(billing, user.name)
         self.set_header("Cache-Control", "no-store")
         self.write(account)
 
@@ -53,6 +58,25 @@ async def account_of(billing: BillingClient, username: str) -> dict:
         if e.status != 404:
             raise
     return await billing.open_account(username)
+
+
+async def course_hours(billing: BillingClient, username: str) -> list[dict[str, str]]:
+    """Each of the user's courses with its hours left this week as text ("Intro to DL: 6 h
+    of T4 left this week"); none when billing cannot say (the credit is still shown)."""
+    try:
+        offers = course_offers(await billing.courses(username))
+    except (BillingUnavailable, BillingRefused):
+        return []
+    return [
+        {
+            "course": offer.slug,
+            "name": offer.name,
+            "text": f"{offer.name}: "
+            + ", ".join(f"{format_hours(h)} of {sku}" for sku, h in offer.hours_left.items())
+            + " left this week",
+        }
+        for offer in offers
+    ]
 
 
 default_handlers = [(rf"/{ACCOUNT_PATH}", AccountHandler)]

@@ -5,7 +5,9 @@ sessions, and a data disk whose file survives a second change (docs/lab.md)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
+from decimal import Decimal
 
 from playwright.sync_api import Page, expect
 
@@ -188,4 +190,107 @@ def test_disk_attached_in_lab_keeps_its_file_across_a_change_of_gpu(platform, br
     [disk] = [s for s in platform.sessions(name) if s["sku"] == "disk"]
     assert disk["count"] == 5 and disk["state"] == "running"
     assert platform.ledger_problems() == []
+    page.close()
+
+
+def no_error_dialog(page: Page, seconds: float = 5) -> None:
+    """No dialog (Lab's "File Load Error", "Cannot open", …) shows up for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        dialogs = page.locator(".jp-Dialog")
+        assert dialogs.count() == 0, dialogs.first.inner_text()
+        time.sleep(0.25)
+
+
+def test_detaching_the_disk_being_browsed_leaves_lab_in_a_folder_that_exists(platform, browser):
+    name = "dirk"
+    platform.create_user(name)
+    assert platform.spawn(name, {"kind": "cpu"}).status_code in (201, 202)
+    platform.wait_ready(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)
+    base = f"{platform.url}/user/{name}/"
+    page.goto(f"{base}lab")
+    open_panel(page)
+    page.get_by_test_id("gputap-disk-name").fill("scratch")
+    page.get_by_test_id("gputap-disk-size").fill("1")
+    page.get_by_test_id("gputap-disk-create").click()
+    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text("not attached")
+    page.get_by_test_id("gputap-disk-attach-scratch").click()
+    confirm_and_wait_for_reload(page)
+    assert put_text(page, base, "disks/scratch/notes.txt", "on the disk\n") == 201
+
+    # browse the disk: the file browser in ~/disks/scratch, a file of it open
+    page.goto(f"{base}lab/tree/disks/scratch/notes.txt")
+    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("notes.txt")
+    crumbs = page.locator("#filebrowser .jp-BreadCrumbs")
+    expect(crumbs).to_contain_text("scratch")
+    open_panel(page)
+    page.get_by_test_id("gputap-disk-detach-scratch").click()
+    confirm_and_wait_for_reload(page)
+    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text("not attached")
+    assert contents(page, base, "disks/scratch")["status"] == 404  # gone from the server
+
+    # Lab is in a folder that exists, says nothing went wrong, and the disk's file is closed
+    no_error_dialog(page)
+    expect(crumbs).not_to_contain_text("scratch")
+    expect(page.locator("#filebrowser .jp-DirListing-content")).to_be_visible()
+    expect(page.locator(".lm-DockPanel-tabBar")).not_to_contain_text("notes.txt")
+    assert "disks/scratch" not in page.url
+    # the file is still on the disk (detached, not deleted)
+    folder = platform.root / "data" / "disks" / name / "scratch"
+    assert (folder / "notes.txt").read_text() == "on the disk\n"
+    page.close()
+
+
+def micro(text: str) -> int:
+    """'9.998766 credits available' → 9998766."""
+    return int(Decimal(text.split()[0]) * 1_000_000)
+
+
+def test_lab_so_far_and_available_agree_with_billing_to_the_micro_credit(platform, browser):
+    name = "sofi"
+    platform.create_user(name)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(90_000)
+    log_in(page, platform.url, name)  # opens the account with its trial credit
+    platform.adjust(name, "1.234567")  # paid credit beside the trial: both are own credit
+    assert platform.spawn(name, {"kind": "cpu"}).status_code in (201, 202)
+    platform.wait_ready(name)
+    page.goto(f"{platform.url}/user/{name}/lab")
+    open_panel(page)
+    expect(page.get_by_test_id("gputap-cost-so-far")).to_contain_text("credits")
+
+    readings = 0
+    deadline = time.monotonic() + 25  # across syncs (every 10 s) and interval charges
+    while time.monotonic() < deadline:
+        before = platform.account(name)
+        shown = page.evaluate(
+            """() => ['gputap-cost-so-far', 'gputap-balance'].map(
+                 (id) => document.querySelector(`[data-testid=${id}] .gputap-value`).textContent)"""
+        )
+        after = platform.account(name)
+        so_far, available = micro(shown[0]), micro(shown[1])
+        [b], [a] = before["running"], after["running"]
+        # billing's own relation at each as_of: what the session cost plus what is
+        # available is the own balance plus what the session's charges already took
+        for view, session in ((before, b), (after, a)):
+            own = view["credit"]
+            assert own["available_micro"] + session["cost_micro"] == (
+                own["balance_micro"] + session["charged_micro"]
+            ), view
+        balance_side = after["credit"]["balance_micro"] + a["charged_micro"]
+        # the panel's two numbers, read at one moment, add up to the same
+        assert so_far + available == balance_side, (shown, after)
+        # and they are billing's numbers of one whole second the panel showed: it redraws
+        # every second and counts from when billing's answer arrived (it left billing a
+        # moment before), so it may show up to two seconds before the first read
+        price = a["price_per_hour_micro"] * a["count"]
+        seconds = range(b["billed_seconds"] - 2, a["billed_seconds"] + 1)
+        assert so_far in {price * n // 3600 for n in seconds}, (so_far, seconds, shown)
+        readings += 1
+        time.sleep(0.37)
+    assert readings > 20
+    platform.stop_server(name)
     page.close()

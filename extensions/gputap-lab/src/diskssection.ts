@@ -189,20 +189,25 @@ export class DisksSection extends RestartSection {
       action === 'attach' ? 'Attach disk' : 'Detach disk',
       action === 'attach'
         ? `Attach disk ${disk.name} (${disk.size_gb} GB) to this server: it appears in ~/disks/${disk.name}.`
-        : `Detach disk ${disk.name} from this server: its files stay on the disk.`,
+        : `Detach disk ${disk.name} from this server: its files stay on the disk. Documents ` +
+          `open from ~/disks/${disk.name} are closed, and the file browser leaves it.`,
       action === 'attach' ? 'Save and attach' : 'Save and detach'
     );
     if (!ok) {
       return;
     }
-    // the hub answers with the disk and the status of the restart that mounts it
-    await this.restart(async () => {
-      const answer = await sendJSON<{ restart: IChangeStatus }>(
-        `disks/${encodeURIComponent(disk.name)}/${action}`,
-        {}
-      );
-      return answer.restart;
-    });
+    // the hub answers with the disk and the status of the restart that mounts it; a
+    // detached disk's folder is gone after it, so Lab leaves the folder first
+    await this.restart(
+      async () => {
+        const answer = await sendJSON<{ restart: IChangeStatus }>(
+          `disks/${encodeURIComponent(disk.name)}/${action}`,
+          {}
+        );
+        return answer.restart;
+      },
+      action === 'detach' ? `disks/${disk.name}` : undefined
+    );
   }
 
   private async _delete(disk: IDisk): Promise<void> {

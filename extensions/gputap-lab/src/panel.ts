@@ -36,7 +36,8 @@ export class GPUTapPanel extends ModelView {
     super(model, 'gputap-panel');
     this.title.icon = gputapIcon;
     this.title.caption = 'gputap: GPU, cost, disks';
-    const restart = (ask: () => Promise<IChangeStatus>) => this._runRestart(ask);
+    const restart = (ask: () => Promise<IChangeStatus>, leaving?: string) =>
+      this._runRestart(ask, leaving);
     this._gpu = new GPUSection(model);
     this._cost = new CostSection(model);
     this._change = new ChangeSection(model, restart);
@@ -102,13 +103,17 @@ export class GPUTapPanel extends ModelView {
    * Save everything, ask the hub (`ask`), then follow the restart to a reload. Errors
    * (sold out, refused) are shown and nothing else happens.
    */
-  private async _runRestart(ask: () => Promise<IChangeStatus>): Promise<void> {
+  private async _runRestart(
+    ask: () => Promise<IChangeStatus>,
+    leaving?: string
+  ): Promise<void> {
     this.model.restarting = true;
     this.render();
     this._showProgress('Saving open documents and the workspace…');
     let status: IChangeStatus | null;
+    let undo = async (): Promise<void> => undefined;
     try {
-      await saveEverything(this._context);
+      undo = await saveEverything(this._context, leaving);
       status = await ask();
     } catch (error) {
       if (error instanceof RequestError && !error.answered) {
@@ -119,6 +124,7 @@ export class GPUTapPanel extends ModelView {
         this.model.restarting = false;
         this._showProgress((error as Error).message, true);
         this.render();
+        await undo(); // refused: what was closed for it opens again
         return;
       }
     }
@@ -132,7 +138,7 @@ export class GPUTapPanel extends ModelView {
     Notification.info('The server is restarting; Lab reloads when it is back.', {
       autoClose: 5000
     });
-    await followRestart(status, text => this._showProgress(text, false, reload));
+    await followRestart(status, text => this._showProgress(text, false, reload), 2000, leaving);
   }
 
   private _showProgress(text: string, error = false, extra?: HTMLElement): void {

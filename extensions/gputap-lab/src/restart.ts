@@ -51,12 +51,22 @@ export async function confirmRestart(
   return result.button.accept;
 }
 
-/** Save every open document and write the workspace to the server, and wait for both. */
-export async function saveEverything(context: IRestartContext): Promise<void> {
+/**
+ * Save every open document and write the workspace to the server, and wait for both.
+ * `leaving`: a folder the restart takes away (a disk being detached): its documents are
+ * closed and the file browser leaves it before the workspace is written, so Lab does not
+ * come back to paths that no longer exist. Returns what puts them back (when the hub
+ * refuses the restart).
+ */
+export async function saveEverything(
+  context: IRestartContext,
+  leaving?: string
+): Promise<() => Promise<void>> {
   const { app, state, resolver } = context;
   if (app.commands.hasCommand('docmanager:save-all')) {
     await app.commands.execute('docmanager:save-all');
   }
+  const undo = leaving ? await leaveFolder(context, leaving) : async () => undefined;
   // the layout restorer writes the shell's layout into the state database on change;
   // give it a moment, then save the workspace ourselves instead of trusting the debouncer
   await sleep(300);
@@ -65,6 +75,55 @@ export async function saveEverything(context: IRestartContext): Promise<void> {
     const data = await state.toJSON();
     await app.serviceManager.workspaces.save(id, { data, metadata: { id } });
   }
+  return undo;
+}
+
+/** The file browser's folder, as it keeps it in the state database. */
+const BROWSER_CWD_KEY = 'file-browser-filebrowser:cwd';
+
+/** Whether `path` is `folder` or inside it. */
+export function inFolder(path: string, folder: string): boolean {
+  const clean = (p: string) => p.replace(/^\/+|\/+$/g, '');
+  const [p, f] = [clean(path), clean(folder)];
+  return p === f || p.startsWith(`${f}/`);
+}
+
+/**
+ * Close the (saved) documents inside `folder` and take the file browser out of it, to
+ * the home folder; returns what reopens them and goes back.
+ */
+async function leaveFolder(
+  context: IRestartContext,
+  folder: string
+): Promise<() => Promise<void>> {
+  const { app, state } = context;
+  const closed: string[] = [];
+  for (const widget of Array.from(app.shell.widgets('main'))) {
+    // a document widget carries its context (DocumentWidget.context.path)
+    const path = (widget as unknown as { context?: { path?: string } }).context?.path;
+    if (typeof path === 'string' && inFolder(path, folder)) {
+      closed.push(path);
+      widget.close();
+    }
+  }
+  const cwd = state
+    ? ((await state.fetch(BROWSER_CWD_KEY)) as { path?: string } | undefined)
+    : undefined;
+  const browsed = cwd?.path && inFolder(cwd.path, folder) ? cwd.path : null;
+  if (browsed && app.commands.hasCommand('filebrowser:go-to-path')) {
+    await app.commands.execute('filebrowser:go-to-path', { path: '', dontShowBrowser: true });
+  }
+  return async () => {
+    if (browsed && app.commands.hasCommand('filebrowser:go-to-path')) {
+      await app.commands.execute('filebrowser:go-to-path', {
+        path: browsed,
+        dontShowBrowser: true
+      });
+    }
+    for (const path of closed) {
+      await app.commands.execute('docmanager:open', { path });
+    }
+  };
 }
 
 /**
@@ -74,7 +133,8 @@ export async function saveEverything(context: IRestartContext): Promise<void> {
 export async function followRestart(
   initial: IChangeStatus | null,
   progress: (text: string) => void,
-  intervalMs = 2000
+  intervalMs = 2000,
+  leaving?: string
 ): Promise<void> {
   let status = initial;
   let seenDown = false;
@@ -92,7 +152,7 @@ export async function followRestart(
     } catch (error) {
       if (seenDown && error instanceof RequestError && error.status === 403) {
         // back, but this page's login is for the old server: a reload logs in again
-        reloadAfter(status);
+        reloadAfter(status, leaving);
         return;
       }
       seenDown = true;
@@ -101,20 +161,35 @@ export async function followRestart(
     progress(describe(status, server === null, elapsed));
     const terminal = status !== null && TERMINAL.includes(status.state);
     if (server && server.running && !server.pending && (seenDown || terminal)) {
-      reloadAfter(status);
+      reloadAfter(status, leaving);
       return;
     }
   }
 }
 
-/** Reload Lab, leaving the outcome for the next page to tell. */
-export function reloadAfter(status: IChangeStatus | null): void {
+/**
+ * Reload Lab, leaving the outcome for the next page to tell. When the page's address opens
+ * a path inside `leaving` (`lab/tree/disks/NAME/…`, gone after the restart), Lab is loaded
+ * without that path instead, so it opens no path that no longer exists.
+ */
+export function reloadAfter(status: IChangeStatus | null, leaving?: string): void {
   if (status) {
     try {
       window.sessionStorage.setItem(AFTER_RELOAD_KEY, JSON.stringify(status));
     } catch {
       // private mode: the outcome is not told, nothing else is lost
     }
+  }
+  const url = new URL(window.location.href);
+  const tree = url.pathname.indexOf('/tree/');
+  if (
+    leaving &&
+    tree >= 0 &&
+    inFolder(decodeURIComponent(url.pathname.slice(tree + '/tree/'.length)), leaving)
+  ) {
+    url.pathname = url.pathname.slice(0, tree);
+    window.location.assign(url.toString());
+    return;
   }
   window.location.reload();
 }

@@ -2,8 +2,14 @@
 import { fill, h } from './dom';
 import { GPUTapModel, IChangeStatus } from './model';
 
-/** Runs a restart: `ask` gets the hub's status, then the panel follows it. */
-export type RestartRunner = (ask: () => Promise<IChangeStatus>) => Promise<void>;
+/**
+ * Runs a restart: `ask` gets the hub's status, then the panel follows it. `leaving`: a
+ * folder the restart takes away (a disk being detached), which Lab leaves first.
+ */
+export type RestartRunner = (
+  ask: () => Promise<IChangeStatus>,
+  leaving?: string
+) => Promise<void>;
 
 /** A panel section whose actions may restart the server, with a line saying what they did. */
 export abstract class RestartSection {
