@@ -3,9 +3,12 @@
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
+# Lab and hub pages take seconds to load on a machine running four test workers on two
+# cores: expect's own default of 5 s fails pages that are merely slow
+expect.set_options(timeout=20_000)
 
 
 @pytest.fixture(scope="module")

@@ -223,18 +223,21 @@ def test_detaching_the_disk_being_browsed_leaves_lab_in_a_folder_that_exists(pla
 
     # browse the disk: the file browser in ~/disks/scratch, a file of it open
     page.goto(f"{base}lab/tree/disks/scratch/notes.txt")
-    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("notes.txt")
+    # Lab takes a while to load on a busy machine (expect's own default is 5 s)
+    expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("notes.txt", timeout=60_000)
     crumbs = page.locator("#filebrowser .jp-BreadCrumbs")
-    expect(crumbs).to_contain_text("scratch")
+    expect(crumbs).to_contain_text("scratch", timeout=30_000)
     open_panel(page)
     page.get_by_test_id("gputap-disk-detach-scratch").click()
     confirm_and_wait_for_reload(page)
-    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text("not attached")
+    expect(page.get_by_test_id("gputap-disk-scratch")).to_contain_text(
+        "not attached", timeout=60_000
+    )
     assert contents(page, base, "disks/scratch")["status"] == 404  # gone from the server
 
     # Lab is in a folder that exists, says nothing went wrong, and the disk's file is closed
     no_error_dialog(page)
-    expect(crumbs).not_to_contain_text("scratch")
+    expect(crumbs).not_to_contain_text("scratch", timeout=30_000)
     expect(page.locator("#filebrowser .jp-DirListing-content")).to_be_visible()
     expect(page.locator(".lm-DockPanel-tabBar")).not_to_contain_text("notes.txt")
     assert "disks/scratch" not in page.url
