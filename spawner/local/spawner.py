@@ -288,20 +288,26 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def _wait_up(self, ip: str, port: int) -> None:
         """Return once the server answers HTTP."""
         url = f"http://{ip}:{port}{self.server.base_url}api"
-        client = AsyncHTTPClient()
+        # its own client: probes of many starting servers in tornado's shared one (10 at a
+        # time) made every other call of the hub wait behind them
+        client = AsyncHTTPClient(force_instance=True, max_clients=1)
         deadline = time.monotonic() + self.http_timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise web.HTTPError(500, f"the server exited with code {self.proc.returncode}")
-            try:
-                await client.fetch(url, request_timeout=2, connect_timeout=2)
-                return
-            except HTTPClientError as e:
-                if e.code != 599:
+        try:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    raise web.HTTPError(500, f"the server exited with code {code}")
+                try:
+                    await client.fetch(url, request_timeout=2, connect_timeout=2)
                     return
-            except OSError:
-                pass
-            await asyncio.sleep(0.1)
+                except HTTPClientError as e:
+                    if e.code != 599:
+                        return
+                except OSError:
+                    pass
+                await asyncio.sleep(0.1)
+        finally:
+            client.close()
         raise TimeoutError(f"{self.who} did not answer within {self.http_timeout} s")
 
 
