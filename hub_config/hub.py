@@ -17,6 +17,7 @@ from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError
 
 from .github import configure_github, github_settings
+from .with_hub import with_hub
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -233,7 +234,8 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
         "oauth_client_allowed_scopes": [scopes.BILLING_ADMIN, scopes.BILLING_INSTRUCTOR],
     }
     if billing["managed"]:
-        service["command"] = [sys.executable, "-m", "billing_service"]
+        # it dies with the hub (hub_config/with_hub.py), so the next hub owns the port
+        service["command"] = [*with_hub(), sys.executable, "-m", "billing_service"]
         service["environment"] = environment
         return service
     if not billing["api_token"]:
@@ -319,6 +321,7 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
         {
             "name": "idle-culler",
             "command": [
+                *with_hub(),  # one culler per hub, even after the hub was killed
                 sys.executable,
                 "-m",
                 "jupyterhub_idle_culler",
