@@ -15,6 +15,7 @@ from typing import Any
 
 from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError
+from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
 from .with_hub import with_hub
@@ -142,7 +143,8 @@ def apply(c: Any, settings: Settings) -> None:
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     c.JupyterHub.spawner_class = "gputap-local"
     venv_bin = str(Path(sys.executable).parent)
-    c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
+    # under the reaper: nothing a server starts outlives it (spawner/local/reaper.py)
+    c.Spawner.cmd = [*reaper_command(), str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
     extra = {k: str(v) for k, v in spawner["environment"].items()}
     # servers never reach out to the internet: no news feed, no update checks (an operator's
