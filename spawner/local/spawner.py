@@ -28,7 +28,7 @@ from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import LocalDiskStore, link_disks
-from .inventory import DevicePool, load_local_devices
+from .inventory import DevicePool, load_local_devices, nvml_busy
 
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
@@ -243,7 +243,23 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
         pool = await self.pool()
+        await self._check_processes(pool)
         return pool.free_view, pool.free_view()
+
+    async def _check_processes(self, pool: DevicePool) -> None:
+        """Real GPUs that no server holds but that still run a process (one that outlived
+        its server, or was never gputap's) are not handed out until it ends: asked of NVML
+        before each start (in an executor: NVML blocks)."""
+        if pool.simulated:
+            return
+        loop = asyncio.get_running_loop()
+        busy = await loop.run_in_executor(None, nvml_busy, pool.unheld())
+        for device_uuid, pids in pool.mark_busy(busy).items():
+            self.log.warning(
+                "device %s is free but runs processes %s: not handed out until they end",
+                device_uuid,
+                ",".join(map(str, pids)),
+            )
 
     def take_devices(self, placement: Placement, record: ServerRecord) -> None:
         pool = _pools[self._pool_key]  # gpu_views made it
