@@ -20,7 +20,7 @@ from tests.platform import Platform
 KINDS = {
     "hub": "jupyterhub",
     "billing": "billing_service",
-    "culler": "jupyterhub_idle_culler",
+    "culler": "idle_culler",  # jupyterhub_idle_culler, or a wrapper of it
     "proxy": "configurable-http-proxy",
     "demo": "hub_config.demo",
 }
