@@ -89,6 +89,7 @@ bench: setup
 	$(PY) bench/form_render.py
 	$(PY) bench/kube_spawn.py
 	$(PY) bench/billing_pg.py
+	$(PY) bench/class_spawn.py
 
 clean:
 	rm -rf $(VENV) node_modules .demo .pytest_cache .hypothesis

@@ -23,6 +23,7 @@ from pathlib import Path
 from gputap_common.settings import Settings, load_settings
 
 from .hub import DEV_LOGIN_NOTICE, ROOT
+from .with_hub import with_hub
 
 #: who the demo makes admin and instructor when nobody is (the development login only)
 DEMO_ADMIN = "admin"
@@ -95,8 +96,9 @@ def main() -> int:
         login = f"{github['login_service']} ({where}) {hub['login_notice']}".strip()
     print(f"Starting gputap (logs: {log_path}) ...", flush=True)
     with open(log_path, "ab") as log:
+        # the hub ends with the demo, however the demo ends (it then stops what it started)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            [*with_hub(), sys.executable, "-m", "jupyterhub", "-f", str(config)],
             cwd=settings.data_dir,
             stdout=log,
             stderr=subprocess.STDOUT,

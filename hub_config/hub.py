@@ -17,8 +17,10 @@ import yaml
 
 from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError
+from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
+from .with_hub import with_hub
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -181,7 +183,8 @@ def apply(c: Any, settings: Settings) -> None:
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     c.JupyterHub.spawner_class = "gputap-local"
     venv_bin = str(Path(sys.executable).parent)
-    c.Spawner.cmd = [str(Path(venv_bin) / "jupyterhub-singleuser")]
+    # under the reaper: nothing a server starts outlives it (spawner/local/reaper.py)
+    c.Spawner.cmd = [*reaper_command(), str(Path(venv_bin) / "jupyterhub-singleuser")]
     c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
     extra = {k: str(v) for k, v in spawner["environment"].items()}
     # servers never reach out to the internet: no news feed, no update checks (an operator's
@@ -277,7 +280,8 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
         "oauth_client_allowed_scopes": [scopes.BILLING_ADMIN, scopes.BILLING_INSTRUCTOR],
     }
     if billing["managed"]:
-        service["command"] = [sys.executable, "-m", "billing_service"]
+        # it dies with the hub (hub_config/with_hub.py), so the next hub owns the port
+        service["command"] = [*with_hub(), sys.executable, "-m", "billing_service"]
         service["environment"] = environment
         return service
     if not billing["api_token"]:
@@ -365,6 +369,7 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
         {
             "name": "idle-culler",
             "command": [
+                *with_hub(),  # one culler per hub, even after the hub was killed
                 sys.executable,
                 "-m",
                 "hub_config.idle_culler",  # jupyterhub_idle_culler, its stops told why

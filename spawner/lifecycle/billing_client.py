@@ -6,6 +6,7 @@ reached it refuses new spawns (fail closed) with a message that says so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ from urllib.parse import quote, urlencode
 
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+from tornado.simple_httpclient import HTTPTimeoutError
 
 from ..core.record import ServerRecord
 
@@ -25,10 +27,38 @@ PRICE_CACHE_SECONDS = 10
 DISK_SKU = "disk"
 STORAGE_CLASS = "storage"
 _price_cache: dict[tuple[str, str, tuple[str, ...]], tuple[float, tuple[dict[str, int], int]]] = {}
+#: calls to billing in flight at once, per hub: a class arriving together (40 spawns, each
+#: admission, session start and form) fits without queueing
+MAX_BILLING_CALLS = 100
+_clients: dict[asyncio.AbstractEventLoop, AsyncHTTPClient] = {}
+
+
+def billing_http() -> AsyncHTTPClient:
+    """The HTTP client of billing calls, one per event loop and never tornado's shared one.
+
+    The shared client also carries the readiness probes of starting servers; behind 40 of
+    them (10 at a time, each up to its timeout) billing's calls waited in its queue until
+    they timed out, and spawns were refused as if billing were down."""
+    loop = asyncio.get_running_loop()
+    http = _clients.get(loop)
+    if http is None:
+        for old in [other for other in _clients if other.is_closed()]:
+            del _clients[old]
+        http = _clients[loop] = AsyncHTTPClient(force_instance=True, max_clients=MAX_BILLING_CALLS)
+    return http
 
 
 class BillingUnavailable(RuntimeError):
     """Billing did not answer, or answered with a server error."""
+
+    #: what a user is told billing did (unavailable_error)
+    what = "Billing is unreachable"
+
+
+class BillingTimeout(BillingUnavailable):
+    """Billing took the call but did not answer within the client's timeout."""
+
+    what = "Billing did not answer in time"
 
 
 class BillingRefused(Exception):
@@ -69,7 +99,11 @@ class BillingClient:
             allow_nonstandard_methods=True,
         )
         try:
-            response = await AsyncHTTPClient().fetch(request)
+            response = await billing_http().fetch(request)
+        except HTTPTimeoutError:
+            raise BillingTimeout(
+                f"no answer to {method} {path} within {self.timeout:g} s"
+            ) from None
         except HTTPClientError as e:
             message = _message(e.response.body if e.response is not None else None)
             if e.code < 500 and message is not None:
@@ -181,8 +215,9 @@ class BillingClient:
 
 def unavailable_error(e: Exception) -> web.HTTPError:
     """What a user is told when a start cannot ask billing (nothing was charged)."""
+    what = e.what if isinstance(e, BillingUnavailable) else BillingUnavailable.what
     return web.HTTPError(
         503,
-        "Billing is unreachable, so no server can start now (nothing is charged). "
+        f"{what}, so no server can start now (nothing is charged). "
         f"Try again in a minute; if it persists, tell an operator. ({e})",
     )

@@ -2,14 +2,16 @@
 session's start, and its settlement when the server ends.
 
 Every call names the session by the record's id, so a retry, a replay or billing's own pod
-meter never opens or closes a second one. Closing a session while billing is unreachable is
-retried in the background with the same end time (billing's stop is idempotent).
+meter never opens or closes a second one. Closing a session or releasing a hold while billing
+is unreachable is retried in the background (billing's stop, with the same end time, and its
+release are idempotent).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -20,9 +22,9 @@ from gputap_common import clock
 from ..core.record import ServerRecord
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 
-#: how long the hub keeps trying to close a billing session while billing is unreachable
-CLOSE_RETRY_SECONDS = 3600
-# background retries of closes (asyncio keeps only weak references to tasks)
+#: how long the hub keeps trying to close a session or release a hold while billing is down
+RETRY_SECONDS = 3600
+# background retries of closes and releases (asyncio keeps only weak references to tasks)
 _retries: set[asyncio.Task] = set()
 
 
@@ -78,22 +80,29 @@ class Metering:
         await self.settle(record, record.started_at or clock.utcnow())
 
     async def release_hold(self, record: ServerRecord) -> None:
-        """Release the hold of a record whose session never opened. Best effort: when billing
-        cannot be reached the hold expires by itself (``billing.hold_seconds``)."""
+        """Release the hold of a record whose session never opened. When billing cannot be
+        reached it is retried in the background, so the credit is free again as soon as
+        billing is back (at the latest the hold expires by itself, ``billing.hold_seconds``)."""
         hold_id, record.hold_id = record.hold_id, None
         if not hold_id:
             return
         try:
             await self.billing.release_hold(hold_id)
         except BillingRefused as e:
-            if e.status != 404:  # 404: the admission whose answer was lost placed none
-                self.log.warning("%s: billing refused to release hold %s: %s", self.who, hold_id, e)
+            self._release_refused(hold_id, e)
         except BillingUnavailable as e:
-            self.log.warning(
-                "%s: hold %s not released, it expires by itself: %s", self.who, hold_id, e
+            self.log.warning("%s: releasing hold %s later: %s", self.who, hold_id, e)
+            self._retry(
+                f"releasing billing hold {hold_id}",
+                lambda: self.billing.release_hold(hold_id),
+                lambda e: self._release_refused(hold_id, e),
             )
         else:
             self.log.info("%s: start abandoned, billing hold %s released", self.who, hold_id)
+
+    def _release_refused(self, hold_id: str, e: BillingRefused) -> None:
+        if e.status != 404:  # 404: the admission whose answer was lost placed none
+            self.log.warning("%s: billing refused to release hold %s: %s", self.who, hold_id, e)
 
     async def close(self, session_id: str, ended_at: datetime) -> dict[str, Any] | None:
         """Settle a session at ``ended_at``; if billing is down, keep retrying in the
@@ -104,27 +113,47 @@ class Metering:
             self._refused(session_id, e)
         except BillingUnavailable as e:
             self.log.warning("%s: closing %s later: %s", self.who, session_id, e)
-            task = asyncio.ensure_future(self._retry_close(session_id, ended_at))
-            _retries.add(task)
-            task.add_done_callback(_retries.discard)
+            self._retry(
+                f"closing billing session {session_id}",
+                lambda: self.billing.stop_session(session_id, ended_at),
+                lambda e: self._refused(session_id, e),
+            )
         return None
 
     def _refused(self, session_id: str, e: BillingRefused) -> None:
         if e.status != 404:  # 404: the start never reached billing, nothing to close
             self.log.error("%s: billing refused to close %s: %s", self.who, session_id, e)
 
-    async def _retry_close(self, session_id: str, ended_at: datetime) -> None:
+    def _retry(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[Any]],
+        refused: Callable[[BillingRefused], None],
+    ) -> None:
+        """Repeat an idempotent billing ``call`` in the background until billing answers
+        (backing off to once a minute), for at most RETRY_SECONDS; ``what`` it does
+        is logged with the outcome."""
+        task = asyncio.ensure_future(self._repeat(what, call, refused))
+        _retries.add(task)
+        task.add_done_callback(_retries.discard)
+
+    async def _repeat(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[Any]],
+        refused: Callable[[BillingRefused], None],
+    ) -> None:
         delay, waited = 1.0, 0.0
-        while waited < CLOSE_RETRY_SECONDS:
+        while waited < RETRY_SECONDS:
             await asyncio.sleep(delay)
             waited += delay
             try:
-                await self.billing.stop_session(session_id, ended_at)
-                self.log.info("%s: billing session %s closed", self.who, session_id)
+                await call()
+                self.log.info("%s: %s: done", self.who, what)
                 return
             except BillingUnavailable:
                 delay = min(delay * 2, 60)
             except BillingRefused as e:
-                self._refused(session_id, e)
+                refused(e)
                 return
-        self.log.error("%s: gave up closing billing session %s", self.who, session_id)
+        self.log.error("%s: %s: gave up after %d s", self.who, what, RETRY_SECONDS)

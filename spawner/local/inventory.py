@@ -2,7 +2,9 @@
 
 ``nvml_devices`` reads real GPUs and MIG devices (blocking: call it in an executor);
 ``file_devices`` reads a YAML file of simulated cards for machines without GPUs. A
-:class:`DevicePool` tracks which device UUIDs each server holds, so two servers never share one.
+:class:`DevicePool` tracks which device UUIDs each server holds, so two servers never share one,
+and (``nvml_busy``) which free devices still run a process no server holds, so that none is
+handed out while a process of someone before still runs on it.
 """
 
 from __future__ import annotations
@@ -98,6 +100,32 @@ def nvml_devices(catalog: Catalog) -> list[Device]:
         pynvml.nvmlShutdown()
 
 
+def nvml_busy(uuids: Iterable[str]) -> dict[str, list[int]]:
+    """The devices among ``uuids`` that NVML sees compute processes on: UUID -> their pids.
+    Blocking. A device NVML cannot answer for counts as idle (it was listed at start)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.warning("NVML unavailable, devices not checked for processes: %s", e)
+        return {}
+    busy: dict[str, list[int]] = {}
+    try:
+        for device_uuid in uuids:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
+                processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError as e:
+                log.warning("device %s not checked for processes: %s", device_uuid, e)
+                continue
+            if processes:
+                busy[device_uuid] = sorted(p.pid for p in processes)
+    finally:
+        pynvml.nvmlShutdown()
+    return busy
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -160,19 +188,36 @@ class DevicePool:
         self.node = node
         self.devices: dict[str, Device] = {d.uuid: d for d in devices}
         self.holder: dict[str, str] = {}
+        #: free devices that still run processes (pids), counted as taken until they end
+        self.busy: dict[str, list[int]] = {}
 
     @property
     def simulated(self) -> bool:
         return any(d.simulated for d in self.devices.values())
+
+    def unheld(self) -> list[str]:
+        """UUIDs no server holds."""
+        return [u for u in self.devices if u not in self.holder]
+
+    def mark_busy(self, busy: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Set which unheld devices still run processes (``nvml_busy`` of :meth:`unheld`);
+        the devices newly found busy."""
+        busy = {u: pids for u, pids in busy.items() if u in self.devices and u not in self.holder}
+        new = {u: pids for u, pids in busy.items() if self.busy.get(u) != pids}
+        self.busy = busy
+        return new
+
+    def _takeable(self, device: Device, as_free: str | None = None) -> bool:
+        if device.uuid in self.holder:
+            return self.holder[device.uuid] == as_free
+        return device.uuid not in self.busy
 
     def free_view(self, as_free: str | None = None) -> FreeView:
         """Free and total devices per offering; ``as_free`` names a holder whose devices
         count as free (what a server could take if it stopped first)."""
         capacity: Counter[str] = Counter(d.key for d in self.devices.values())
         free: Counter[str] = Counter(
-            d.key
-            for d in self.devices.values()
-            if d.uuid not in self.holder or self.holder[d.uuid] == as_free
+            d.key for d in self.devices.values() if self._takeable(d, as_free)
         )
         view = FreeView()
         for key, total in capacity.items():
@@ -187,7 +232,7 @@ class DevicePool:
             (
                 d
                 for d in self.devices.values()
-                if d.key == placement.offering.key and d.uuid not in self.holder
+                if d.key == placement.offering.key and self._takeable(d)
             ),
             key=lambda d: (d.gpu_index, d.uuid),
         )

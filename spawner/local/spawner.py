@@ -28,7 +28,7 @@ from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import LocalDiskStore, link_disks
-from .inventory import DevicePool, load_local_devices
+from .inventory import DevicePool, load_local_devices, nvml_busy
 
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
@@ -243,7 +243,23 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
         pool = await self.pool()
+        await self._check_processes(pool)
         return pool.free_view, pool.free_view()
+
+    async def _check_processes(self, pool: DevicePool) -> None:
+        """Real GPUs that no server holds but that still run a process (one that outlived
+        its server, or was never gputap's) are not handed out until it ends: asked of NVML
+        before each start (in an executor: NVML blocks)."""
+        if pool.simulated:
+            return
+        loop = asyncio.get_running_loop()
+        busy = await loop.run_in_executor(None, nvml_busy, pool.unheld())
+        for device_uuid, pids in pool.mark_busy(busy).items():
+            self.log.warning(
+                "device %s is free but runs processes %s: not handed out until they end",
+                device_uuid,
+                ",".join(map(str, pids)),
+            )
 
     def take_devices(self, placement: Placement, record: ServerRecord) -> None:
         pool = _pools[self._pool_key]  # gpu_views made it
@@ -288,20 +304,26 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def _wait_up(self, ip: str, port: int) -> None:
         """Return once the server answers HTTP."""
         url = f"http://{ip}:{port}{self.server.base_url}api"
-        client = AsyncHTTPClient()
+        # its own client: probes of many starting servers in tornado's shared one (10 at a
+        # time) made every other call of the hub wait behind them
+        client = AsyncHTTPClient(force_instance=True, max_clients=1)
         deadline = time.monotonic() + self.http_timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise web.HTTPError(500, f"the server exited with code {self.proc.returncode}")
-            try:
-                await client.fetch(url, request_timeout=2, connect_timeout=2)
-                return
-            except HTTPClientError as e:
-                if e.code != 599:
+        try:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    code = self.proc.returncode
+                    raise web.HTTPError(500, f"the server exited with code {code}")
+                try:
+                    await client.fetch(url, request_timeout=2, connect_timeout=2)
                     return
-            except OSError:
-                pass
-            await asyncio.sleep(0.1)
+                except HTTPClientError as e:
+                    if e.code != 599:
+                        return
+                except OSError:
+                    pass
+                await asyncio.sleep(0.1)
+        finally:
+            client.close()
         raise TimeoutError(f"{self.who} did not answer within {self.http_timeout} s")
 
 

@@ -1,0 +1,127 @@
+"""After any death of the hub (``kill -9`` too) the next start owns exactly one billing and
+one idle culler, and stopping the hub or `make demo` leaves none of what they started.
+
+The processes of one platform are told apart by what their environment names: its settings
+file (the hub, billing, the proxy) or its hub's API port (the idle culler).
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.platform import Platform
+
+KINDS = {
+    "hub": "jupyterhub",
+    "billing": "billing_service",
+    "culler": "idle_culler",  # jupyterhub_idle_culler, or a wrapper of it
+    "proxy": "configurable-http-proxy",
+    "demo": "hub_config.demo",
+}
+
+
+def processes(platform: Platform) -> dict[str, set[int]]:
+    """The live processes of ``platform``, by kind."""
+    found: dict[str, set[int]] = {kind: set() for kind in KINDS}
+    api_port = f"127.0.0.1:{platform.hub_port}/"
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            env = proc.environ()
+            ours = env.get("GPUTAP_SETTINGS") == str(platform.settings_path) or api_port in env.get(
+                "JUPYTERHUB_API_URL", ""
+            )
+            if not ours:
+                continue
+            words = " ".join(proc.info["cmdline"] or [])
+            # most specific first: the demo's command line also names jupyterhub's config
+            for kind in ("demo", "billing", "culler", "proxy", "hub"):
+                if KINDS[kind] in words:
+                    found[kind].add(proc.pid)
+                    break
+    return found
+
+
+def wait_for(check, timeout: float = 20) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+def none_left(platform: Platform) -> bool:
+    return not any(processes(platform).values())
+
+
+@pytest.fixture
+def platform(tmp_path):
+    p = Platform(tmp_path)
+    yield p
+    p.shutdown()
+    for pids in processes(p).values():  # never leave a test's services behind
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_hub_killed_with_sigkill_leaves_no_billing_or_culler_to_its_next_start(platform):
+    platform.start()
+    first = processes(platform)
+    assert len(first["billing"]) == 1 and len(first["culler"]) == 1, first
+
+    platform.proc.kill()  # kill -9: the hub cleans nothing up
+    platform.proc.wait()
+    gone = wait_for(lambda: not (processes(platform)["billing"] | processes(platform)["culler"]))
+    assert gone, f"the dead hub's services still run: {processes(platform)}"
+
+    platform.start()
+    again = processes(platform)
+    assert len(again["billing"]) == 1 and len(again["culler"]) == 1, again
+    for kind in ("billing", "culler"):
+        [pid] = again[kind]
+        assert psutil.Process(pid).ppid() == platform.proc.pid  # the new hub's own
+    assert platform.billing_up()
+    time.sleep(2)  # a billing that lost its port would have exited by now
+    assert processes(platform)["billing"] == again["billing"]
+    assert "Address already in use" not in platform.log_tail(400)
+
+    platform.stop_hub()
+    assert wait_for(lambda: none_left(platform)), f"left running: {processes(platform)}"
+
+
+def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform):
+    env = {**platform._env(), "PYTHONUNBUFFERED": "1"}
+    for how in (signal.SIGINT, signal.SIGKILL):  # Ctrl-C, and a demo killed outright
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "hub_config.demo"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            for line in demo.stdout:
+                if "gputap is running" in line:
+                    break
+            else:
+                raise AssertionError(f"the demo did not start ({demo.wait()})")
+            started = processes(platform)
+            for kind in ("hub", "billing", "culler", "proxy"):
+                assert started[kind], (kind, started)
+            demo.send_signal(how)
+            demo.wait(60)
+            stopped = wait_for(lambda: none_left(platform), timeout=40)
+            assert stopped, f"after {how.name} still running: {processes(platform)}"
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()

@@ -1,0 +1,98 @@
+"""On one machine no process a server started outlives its server: a kernel's or terminal's
+detached daemon (double fork + setsid, even one ignoring SIGTERM) ends with the server, and
+the server's devices go to the next user only once it has.
+
+The daemons are started the way a user would, in a terminal of their running JupyterLab
+(the Jupyter server's terminals API and its websocket, through the proxy).
+"""
+
+import asyncio
+import json
+import os
+import random
+import time
+
+import psutil
+import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+from tests.integration.test_spawn_and_bill import wait_through_proxy
+
+CARD = {"kind": "card", "card": "T4"}  # the only one: the next user gets the same
+
+
+def type_in_terminal(platform, name: str, token: str, line: str) -> None:
+    """Open a terminal in the user's server and type ``line`` into it."""
+    r = requests.post(
+        f"{platform.url}/user/{name}/api/terminals",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    terminal = r.json()["name"]
+    ws_url = platform.url.replace("http", "ws") + f"/user/{name}/terminals/websocket/{terminal}"
+    request = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
+
+    async def type_line() -> None:
+        ws = await websocket_connect(request)
+        try:
+            await ws.read_message()  # the terminal's setup message: it is ready for input
+            ws.write_message(json.dumps(["stdin", line + "\r"]))
+            await asyncio.sleep(1)
+        finally:
+            ws.close()
+
+    asyncio.run(type_line())
+
+
+def processes_named(marker: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in (proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def wait_for_processes(marker: str, count: int, timeout: float = 20) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = processes_named(marker)
+        if len(found) >= count:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"the daemons ({marker}) never started")
+
+
+def test_a_servers_detached_daemons_end_before_its_device_is_free(platform):
+    platform.create_user("dora")
+    platform.create_user("eli")
+    token = platform.user_token("dora")
+    r = platform.spawn("dora", CARD)
+    assert r.status_code in (201, 202), r.text
+    wait_through_proxy(platform, "dora", token)
+    platform.wait_ready("dora")
+    device = platform.server_env("dora")["CUDA_VISIBLE_DEVICES"]
+
+    seconds = f"{random.randint(10**6, 10**7)}.5"  # marks the daemons of this test
+    stubborn = (
+        f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep({seconds})"
+    )
+    # two daemons: a plain one, and one that ignores SIGTERM; both double fork and setsid
+    line = f"(setsid sleep {seconds} &); (setsid python3 -c '{stubborn}' {seconds} &)"
+    type_in_terminal(platform, "dora", token, line)
+    daemons = wait_for_processes(seconds, 2)
+    server_pid = platform.server("dora")["state"]["pid"]
+    # detached: sessions of their own, outside the server's
+    assert all(os.getsid(d.pid) != os.getsid(server_pid) for d in daemons)
+
+    platform.stop_server("dora")
+    left = [d.pid for d in daemons if d.is_running() and d.status() != psutil.STATUS_ZOMBIE]
+    assert left == [], f"dora's daemons {left} outlived her server"
+
+    # the card is free now, and the next user's server gets it
+    r = platform.spawn("eli", CARD)
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("eli")
+    assert platform.server_env("eli")["CUDA_VISIBLE_DEVICES"] == device
+    platform.stop_server("eli")
