@@ -354,7 +354,7 @@ def test_enforcement_asks_the_hub_to_stop(hub, as_hub, as_ops):
         time.sleep(0.2)
     log = hub.log()
     assert "Enforcement: hub refused to stop ivan/big: HTTP 404" in log, log[-2000:]
-    assert "DELETE /hub/api/users/ivan/servers/big" in log
+    assert "POST /hub/gputap/api/users/ivan/servers/big/stop (billing@" in log  # gputap's stop
     # remembered: not asked again within the window
     time.sleep(2)
     assert hub.log().count("stop ivan/big") == 1

@@ -280,7 +280,8 @@ def test_a_retried_admission_answers_with_the_same_hold(store):
     assert first.allowed and again.allowed and again.hold == first.hold
     assert first.hold.id == "spawn-1" and store.account("ada", T0).held_micro == 416_666
     assert not store.admit("ada", "RTX-4090", 1, T0, idempotency_key="spawn-2").allowed
-    with pytest.raises(ValueError, match="another account"):
+    # a key is one request's: reused for another account it is a conflict (docs/security.md)
+    with pytest.raises(Conflict, match="already used for another request"):
         store.admit("bob", "T4", 1, T0, idempotency_key="spawn-1")
 
 
