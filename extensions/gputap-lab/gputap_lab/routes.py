@@ -126,11 +126,14 @@ class StoppingHandler(GPUTapHandler):
         self.finish(json.dumps(self.settings.get("gputap_stopping")))
 
     @tornado.web.authenticated
-    def post(self) -> None:
+    async def post(self) -> None:
         body = stopping_body(self.json_body())
         self.settings["gputap_stopping"] = body
         self.log.info("gputap %s: the hub says this server stops (%s)", self._who, body["kind"])
         self.event_logger.emit(schema_id=SCHEMA_ID, data=body)
+        # the events websocket writes in listener tasks: answer (and so let the hub stop
+        # this server) only once they have written the event to the open pages
+        await self.event_logger.gather_listeners()
         self.set_status(204)
         self.finish()
 
