@@ -11,6 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from gputap_common.bodies import shown
 from gputap_common.money import MICRO
 
 #: a billion credits: beyond any real amount, and far inside a 64-bit column
@@ -60,13 +61,6 @@ def parse_credits(value: object, field: str = "amount") -> int:
             f"{field} must be at most {MAX_MICRO // MICRO} credits, not {shown(value)}"
         )
     return int(micro)
-
-
-def shown(value: object, limit: int = 40) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for messages: what a caller sent is never
-    echoed in full into answers and logs."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def billed_seconds(started_at: datetime, ended_at: datetime) -> int:

@@ -15,7 +15,9 @@ from typing import Any
 
 from tornado import web
 
-from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT, shown
+from gputap_common.bodies import shown, unknown_fields
+
+from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
 from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
 
 #: the longest text each field may hold: the columns are VARCHAR(255), and ledger codes and
@@ -45,8 +47,7 @@ def read_body(raw: bytes, allowed: Iterable[str]) -> dict[str, Any]:
     """A request body: a JSON object whose keys are all in ``allowed``, numbers written in
     decimal notation (no exponent, NaN or Infinity); 400 naming what is wrong otherwise.
 
-    Every handler names the keys it reads, so a misspelt key ("cuorse") is refused rather
-    than silently ignored (docs/security.md)."""
+    Every handler names the keys it reads (:func:`~gputap_common.bodies.unknown_fields`)."""
     if len(raw) > MAX_BODY_BYTES:
         raise web.HTTPError(413, f"Request body too large: at most {MAX_BODY_BYTES} bytes")
     try:
@@ -57,15 +58,9 @@ def read_body(raw: bytes, allowed: Iterable[str]) -> dict[str, Any]:
         ) from None
     if not isinstance(data, dict):
         raise web.HTTPError(400, "Request body must be a JSON object")
-    allowed = sorted(allowed)
-    unknown = sorted(key for key in data if key not in allowed)
-    if unknown:
-        names = ", ".join(shown(key) for key in unknown[:5])
-        raise web.HTTPError(
-            400,
-            f"Unknown field(s) {names}; the allowed fields are "
-            f"{', '.join(allowed) if allowed else 'none (send no body)'}",
-        )
+    refusal = unknown_fields(data, allowed)
+    if refusal:
+        raise web.HTTPError(400, refusal)
     return data
 
 

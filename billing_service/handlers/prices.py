@@ -8,9 +8,9 @@ from typing import Any
 
 from tornado import web
 
+from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 
-from ..domain.money import shown
 from ..domain.pricing import DISK, ON_DEMAND, PRICE_CLASSES, make_price_book
 from .base import APIHandler
 from .fields import SKU_NAME

@@ -11,11 +11,11 @@ from typing import Required, TypedDict, Unpack
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 
 from ..domain import ledger
 from ..domain.errors import Conflict
-from ..domain.money import shown
 from ..domain.records import TransactionRecord
 from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
 from .operations import reads

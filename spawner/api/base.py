@@ -16,19 +16,12 @@ from typing import Any
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
+from gputap_common.bodies import unknown_fields
+
 #: under the hub's base URL: {base_url}hub/gputap/api/...
 API_PATH = "gputap/api"
 #: the largest body the gputap API reads (413 above it); the real ones are a few hundred bytes
 MAX_BODY_BYTES = 16 * 1024
-#: what a refusal shows of a key or value the caller sent, at most
-SHOWN_CHARACTERS = 40
-
-
-def shown(value: object) -> str:
-    """``repr(value)`` cut to SHOWN_CHARACTERS, for messages: what a caller sent is never
-    echoed in full into answers and logs."""
-    text = repr(value)
-    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 1] + "…"
 
 
 class GPUTapAPIHandler(APIHandler):
@@ -53,13 +46,9 @@ class GPUTapAPIHandler(APIHandler):
             raise web.HTTPError(400, "The body must be JSON (an object)") from None
         if not isinstance(body, dict):
             raise web.HTTPError(400, "The body must be a JSON object")
-        allowed = sorted(allowed)
-        unknown = sorted(key for key in body if key not in allowed)
-        if unknown:
-            names = ", ".join(shown(key) for key in unknown[:5])
-            raise web.HTTPError(
-                400, f"Unknown field(s) {names}; the allowed fields are {', '.join(allowed)}"
-            )
+        refusal = unknown_fields(body, allowed)
+        if refusal:
+            raise web.HTTPError(400, refusal)
         return body
 
     def write_json(self, data: dict[str, Any], status: int = 200) -> None:

@@ -20,6 +20,7 @@ from jupyterhub.scopes import has_scope
 from tornado import web
 
 from gputap_common import clock
+from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 from gputap_common.names import server_label
 
@@ -30,7 +31,7 @@ from ..lifecycle import stops
 from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
 from ..lifecycle.change import ChangeRefused, HandlerHub, alternatives_view, change_server, status
 from .account import account_of
-from .base import API_PATH, GPUTapAPIHandler, shown
+from .base import API_PATH, GPUTapAPIHandler
 
 #: users/{user}/server (default server: no name) or users/{user}/servers/{name}
 _SERVER = rf"/{API_PATH}/users/([^/]+)/(?:server|servers/([^/]+))"

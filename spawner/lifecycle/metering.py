@@ -86,18 +86,12 @@ class Metering:
         hold_id, record.hold_id = record.hold_id, None
         if not hold_id:
             return
-        try:
-            await self.billing.release_hold(hold_id)
-        except BillingRefused as e:
-            self._release_refused(hold_id, e)
-        except BillingUnavailable as e:
-            self.log.warning("%s: releasing hold %s later: %s", self.who, hold_id, e)
-            self._retry(
-                f"releasing billing hold {hold_id}",
-                lambda: self.billing.release_hold(hold_id),
-                lambda e: self._release_refused(hold_id, e),
-            )
-        else:
+        released = await self._now_or_later(
+            f"releasing billing hold {hold_id}",
+            lambda: self.billing.release_hold(hold_id),
+            lambda e: self._release_refused(hold_id, e),
+        )
+        if released is not None:
             self.log.info("%s: start abandoned, billing hold %s released", self.who, hold_id)
 
     def _release_refused(self, hold_id: str, e: BillingRefused) -> None:
@@ -107,17 +101,27 @@ class Metering:
     async def close(self, session_id: str, ended_at: datetime) -> dict[str, Any] | None:
         """Settle a session at ``ended_at``; if billing is down, keep retrying in the
         background with the same end time (the stop is idempotent, so no double charge)."""
+        return await self._now_or_later(
+            f"closing billing session {session_id}",
+            lambda: self.billing.stop_session(session_id, ended_at),
+            lambda e: self._refused(session_id, e),
+        )
+
+    async def _now_or_later(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[dict[str, Any]]],
+        refused: Callable[[BillingRefused], None],
+    ) -> dict[str, Any] | None:
+        """Billing's answer to ``call``; None when billing refused it (``refused`` says so)
+        or is down, in which case it is retried in the background until billing answers."""
         try:
-            return await self.billing.stop_session(session_id, ended_at)
+            return await call()
         except BillingRefused as e:
-            self._refused(session_id, e)
+            refused(e)
         except BillingUnavailable as e:
-            self.log.warning("%s: closing %s later: %s", self.who, session_id, e)
-            self._retry(
-                f"closing billing session {session_id}",
-                lambda: self.billing.stop_session(session_id, ended_at),
-                lambda e: self._refused(session_id, e),
-            )
+            self.log.warning("%s: %s later: %s", self.who, what, e)
+            self._retry(what, call, refused)
         return None
 
     def _refused(self, session_id: str, e: BillingRefused) -> None:
