@@ -1,8 +1,9 @@
-"""What a refusal may say about what a caller sent: never all of it, and which fields of a
-request body are unknown. Billing and the hub's gputap API refuse the same way."""
+"""Request bodies as billing and the hub's gputap API read them: a JSON object of known
+fields, and refusals that never echo in full what a caller sent."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,3 +31,39 @@ def unknown_fields(body: Mapping[str, Any], allowed: Iterable[str]) -> str | Non
         f"Unknown field(s) {names}; the allowed fields are "
         f"{', '.join(allowed) if allowed else 'none (send no body)'}"
     )
+
+
+class BodyRefused(ValueError):
+    """Why a request body is refused, as a sentence for a 400."""
+
+
+def json_object(raw: bytes, allowed: Iterable[str], *, decimals_only: bool = False) -> dict:
+    """``raw`` as a JSON object whose keys are all in ``allowed`` ({} for an empty body), or
+    :class:`BodyRefused`. ``decimals_only``: numbers must be written in decimal notation (no
+    exponent, NaN or Infinity), as amounts of money are."""
+    if not raw:
+        return {}
+    options: dict[str, Any] = (
+        {"parse_float": _decimal_float, "parse_constant": _no_constant} if decimals_only else {}
+    )
+    try:
+        data = json.loads(raw, **options)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to read
+        hint = ", with numbers in decimal notation like 12.5" if decimals_only else ""
+        raise BodyRefused(f"The body must be JSON (an object){hint}") from None
+    if not isinstance(data, dict):
+        raise BodyRefused("The body must be a JSON object")
+    refusal = unknown_fields(data, allowed)
+    if refusal:
+        raise BodyRefused(refusal)
+    return data
+
+
+def _decimal_float(text: str) -> float:
+    if "e" in text or "E" in text:
+        raise ValueError("exponent")
+    return float(text)
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(text)

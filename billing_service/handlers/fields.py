@@ -7,7 +7,6 @@ keep every cost inside the 64-bit money columns (``money.MAX_COUNT``, ``EARLIEST
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from datetime import datetime
@@ -15,7 +14,7 @@ from typing import Any
 
 from tornado import web
 
-from gputap_common.bodies import shown, unknown_fields
+from gputap_common.bodies import BodyRefused, json_object, shown
 
 from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
 from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
@@ -45,33 +44,12 @@ MAX_STREAM_BYTES = 16 * 1024 * 1024
 
 def read_body(raw: bytes, allowed: Iterable[str]) -> dict[str, Any]:
     """A request body: a JSON object whose keys are all in ``allowed``, numbers written in
-    decimal notation (no exponent, NaN or Infinity); 400 naming what is wrong otherwise.
-
-    Every handler names the keys it reads (:func:`~gputap_common.bodies.unknown_fields`)."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise web.HTTPError(413, f"Request body too large: at most {MAX_BODY_BYTES} bytes")
+    decimal notation; 400 naming what is wrong otherwise (its size was checked as the
+    request came in: BaseHandler.prepare)."""
     try:
-        data = json.loads(raw or b"null", parse_float=_decimal_float, parse_constant=_no_constant)
-    except (ValueError, RecursionError):  # RecursionError: nested too deep to read
-        raise web.HTTPError(
-            400, "Request body must be JSON, with numbers in decimal notation like 12.5"
-        ) from None
-    if not isinstance(data, dict):
-        raise web.HTTPError(400, "Request body must be a JSON object")
-    refusal = unknown_fields(data, allowed)
-    if refusal:
-        raise web.HTTPError(400, refusal)
-    return data
-
-
-def _decimal_float(text: str) -> float:
-    if "e" in text or "E" in text:
-        raise ValueError("exponent")
-    return float(text)
-
-
-def _no_constant(text: str) -> float:
-    raise ValueError(text)
+        return json_object(raw or b"null", allowed, decimals_only=True)  # none: not an object
+    except BodyRefused as e:
+        raise web.HTTPError(400, str(e)) from None
 
 
 #: a SKU in a price book: a card or "cpu" (letters, digits, "." and "-"), or a card's slice

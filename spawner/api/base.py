@@ -16,7 +16,7 @@ from typing import Any
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from gputap_common.bodies import unknown_fields
+from gputap_common.bodies import BodyRefused, json_object
 
 #: under the hub's base URL: {base_url}hub/gputap/api/...
 API_PATH = "gputap/api"
@@ -38,18 +38,10 @@ class GPUTapAPIHandler(APIHandler):
         """The request's JSON object ({} for none), with no keys but ``allowed``: 400
         naming an unknown key and the allowed ones, or saying the body is no JSON object.
         (JupyterHub's get_json_body logs a traceback for a body nested too deep.)"""
-        if not self.request.body:
-            return {}
         try:
-            body = json.loads(self.request.body)
-        except (ValueError, RecursionError):
-            raise web.HTTPError(400, "The body must be JSON (an object)") from None
-        if not isinstance(body, dict):
-            raise web.HTTPError(400, "The body must be a JSON object")
-        refusal = unknown_fields(body, allowed)
-        if refusal:
-            raise web.HTTPError(400, refusal)
-        return body
+            return json_object(self.request.body, allowed)
+        except BodyRefused as e:
+            raise web.HTTPError(400, str(e)) from None
 
     def write_json(self, data: dict[str, Any], status: int = 200) -> None:
         self.set_status(status)
