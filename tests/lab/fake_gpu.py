@@ -111,3 +111,31 @@ class SwitchedByHomeFile(FakeReader):
         self.utilization_percent = 91 if busy else 0
         self.compute_processes = 1 if busy else 0
         return super().sample(uuid)
+
+
+class HopperSlices(FakeReader):
+    """Two H200 slices: one whose own activity GPM reads (42 %), one whose memory NVML
+    could not read."""
+
+    def read(self) -> list[DeviceSample]:
+        self.reads += 1
+        common = {"name": "NVIDIA H200 MIG 1g.18gb", "kind": "mig", "compute_processes": 1}
+        return [
+            DeviceSample(
+                uuid="MIG-h200-a",
+                memory_used_bytes=3 * GIB,
+                memory_total_bytes=18 * GIB,
+                utilization_percent=42,
+                activity_source="gpm",
+                **common,
+            ),
+            DeviceSample(
+                uuid="MIG-h200-b",
+                memory_used_bytes=None,
+                memory_total_bytes=None,
+                utilization_percent=None,
+                activity_source="memory",
+                error="memory: GPU is lost",
+                **common,
+            ),
+        ]

@@ -149,3 +149,20 @@ def test_simulated_card(browser, lab_server, fresh_hub):  # noqa: F811
     expect(page.get_by_test_id("gputap-simulated-tag")).to_be_visible()
     expect(page.get_by_test_id("gputap-gpu-utilization")).to_have_count(0)
     page.close()
+
+
+def test_slice_activity_and_a_device_error(browser, lab_server, fresh_hub):  # noqa: F811
+    state, url = fresh_hub
+    state.simulated = False
+    env = hub_env(state, url) | {"GPUTAP_SIMULATED": "0"}
+    server = lab_server("HopperSlices", env=env, config={"LabApp": LAB_CONFIG})
+    page = open_lab(browser, server)
+    page.get_by_test_id("gputap-status").click()
+    slices = page.get_by_test_id("gputap-device-mig")
+    expect(slices).to_have_count(2)
+    expect(slices.nth(0).get_by_test_id("gputap-gpu-utilization")).to_contain_text("42 %")
+    expect(slices.nth(0).get_by_test_id("gputap-gpu-processes")).to_have_count(0)
+    expect(slices.nth(1).get_by_test_id("gputap-gpu-utilization")).to_have_count(0)
+    expect(slices.nth(1).get_by_test_id("gputap-gpu-memory")).to_contain_text("?")
+    expect(slices.nth(1).get_by_test_id("gputap-gpu-error")).to_have_text("memory: GPU is lost")
+    page.close()

@@ -313,3 +313,13 @@ def test_hub_client_from_env():
     assert isinstance(client, HubClient)
     assert client.base == "http://h/hub/gputap/api/"
     assert client.who == "alice/big"
+
+
+def test_mig_steady_idle_minutes_must_be_positive():
+    from traitlets import TraitError
+
+    from gputap_lab.app import GPUTapLab
+
+    assert GPUTapLab().mig_steady_idle_minutes == 10
+    with pytest.raises(TraitError, match="mig_steady_idle_minutes must be above 0, not 0.0"):
+        GPUTapLab(mig_steady_idle_minutes=0)

@@ -280,7 +280,14 @@ class NvmlReader:
         if device.kind == "gpu":
             utilization = calls.get("utilisation", self._utilization, device)
         elif device.parent is not None:
-            utilization = calls.get("activity", self._gpm_activity, device)
+            try:
+                utilization = self._gpm_activity(device)
+            except pynvml.NVMLError as e:
+                if _code(e) in _STEADY:
+                    # no per-instance counters for this server after all: judged by memory
+                    device.parent = device.gpu_instance = None
+                else:
+                    calls.failed("activity", e)
         if calls.stale:
             device.drop_handle()
         if utilization is None:

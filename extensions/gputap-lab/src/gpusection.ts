@@ -74,17 +74,25 @@ export class GPUSection {
   }
 
   private _device(device: IDevice): HTMLElement {
-    const memory = `${formatBytes(device.memory_used_bytes)} / ${formatBytes(
-      device.memory_total_bytes
-    )}`;
-    const memoryPercent =
-      device.memory_total_bytes > 0
-        ? Math.round((100 * device.memory_used_bytes) / device.memory_total_bytes)
-        : 0;
+    const used = device.memory_used_bytes;
+    const total = device.memory_total_bytes;
+    const known = used !== null && total !== null;
+    const memory = known ? `${formatBytes(used)} / ${formatBytes(total)}` : '?';
+    const memoryPercent = known && total > 0 ? Math.round((100 * used) / total) : 0;
     const rows: HTMLElement[] = [];
-    if (device.kind === 'mig') {
+    if (device.utilization_percent !== null) {
       rows.push(
-        meter('memory', memory, memoryPercent, 'gputap-gpu-memory'),
+        meter(
+          'utilisation',
+          `${device.utilization_percent} %`,
+          device.utilization_percent,
+          'gputap-gpu-utilization'
+        )
+      );
+    }
+    rows.push(meter('memory', memory, memoryPercent, 'gputap-gpu-memory'));
+    if (device.kind === 'mig' && device.activity_source !== 'gpm') {
+      rows.push(
         h(
           'div',
           { class: 'gputap-row', 'data-testid': 'gputap-gpu-processes' },
@@ -94,24 +102,19 @@ export class GPUSection {
         h(
           'p',
           { class: 'gputap-muted' },
-          'Utilisation is not available for MIG slices (NVML gives none); a running process marks the slice busy.'
+          'This slice has no utilisation of its own (NVML gives none on this GPU): it counts as busy while what it holds (processes, memory) keeps changing.'
         )
       );
-    } else {
+    }
+    if (device.error) {
       rows.push(
-        meter(
-          'utilisation',
-          `${device.utilization_percent ?? '?'} %`,
-          device.utilization_percent ?? 0,
-          'gputap-gpu-utilization'
-        ),
-        meter('memory', memory, memoryPercent, 'gputap-gpu-memory')
+        h('p', { class: 'gputap-error', 'data-testid': 'gputap-gpu-error' }, device.error)
       );
     }
     return h(
       'div',
       { class: 'gputap-device', 'data-testid': `gputap-device-${device.kind}` },
-      h('div', { class: 'gputap-device-name' }, device.name),
+      h('div', { class: 'gputap-device-name' }, device.name ?? device.uuid),
       ...rows
     );
   }

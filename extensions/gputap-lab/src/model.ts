@@ -10,19 +10,23 @@ import { RequestError, requestAPI } from './request';
 
 export interface IDevice {
   uuid: string;
-  name: string;
+  name: string | null;
   kind: 'gpu' | 'mig';
-  memory_used_bytes: number;
-  memory_total_bytes: number;
+  memory_used_bytes: number | null;
+  memory_total_bytes: number | null;
   utilization_percent: number | null;
   compute_processes: number | null;
+  /** what decides whether it is busy: its utilisation, its GPM activity, or its memory */
+  activity_source: 'utilization' | 'gpm' | 'memory' | null;
+  /** what NVML could not give, and why */
+  error: string | null;
 }
 
 export interface IHistoryPoint {
   at: string;
   utilization_percent: number | null;
-  memory_used_bytes: number;
-  memory_total_bytes: number;
+  memory_used_bytes: number | null;
+  memory_total_bytes: number | null;
   compute_processes: number | null;
   busy: boolean;
 }

@@ -40,7 +40,9 @@ export function historyPlot(history: IHistoryPoint[], slots: number): SVGSVGElem
     [
       'gputap-plot-memory',
       history.map(p =>
-        p.memory_total_bytes > 0 ? (100 * p.memory_used_bytes) / p.memory_total_bytes : null
+        p.memory_total_bytes && p.memory_used_bytes !== null
+          ? (100 * p.memory_used_bytes) / p.memory_total_bytes
+          : null
       )
     ],
     ['gputap-plot-utilization', history.map(p => p.utilization_percent)]

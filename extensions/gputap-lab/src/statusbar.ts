@@ -20,7 +20,7 @@ export function statusText(model: GPUTapModel): string {
         `${Math.round(utilizations.reduce((a, b) => a + b, 0) / utilizations.length)}%`
       );
     } else {
-      const used = gpu.devices.reduce((a, d) => a + d.memory_used_bytes, 0);
+      const used = gpu.devices.reduce((a, d) => a + (d.memory_used_bytes ?? 0), 0);
       parts.push(`${formatBytes(used)} used`);
     }
   }
