@@ -345,3 +345,18 @@ def test_load_catalog_is_built_once_per_configuration():
     assert load_catalog({}) is load_catalog({})
     edited = load_catalog({"T4": {"fp16_tflops": 60}})
     assert edited is not load_catalog({}) and edited.card("T4").fp16_tflops == 60
+
+
+def _doc_row(card: Card) -> str:
+    """The row docs/catalog.md holds for a shipped card."""
+    names = ", ".join(f"`{p}`" for p in card.products)
+    profiles = ", ".join(f"{p.name} ×{p.max_instances}" for p in card.mig_profiles) or "—"
+    return f"| {card.sku} | {names} | {card.memory_gb:g} | {card.fp16_tflops:g} | {profiles} |"
+
+
+def test_the_docs_table_lists_every_shipped_card_as_the_catalog_has_it():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "catalog.md").read_text()
+    missing = [_doc_row(c) for c in Catalog.load().cards.values() if _doc_row(c) not in doc]
+    assert not missing, "docs/catalog.md lacks or differs in:\n" + "\n".join(missing)

@@ -85,3 +85,10 @@ def test_settings_accept_a_price_for_a_discovered_sku(tmp_path):
     prices = load_settings(f, environ={}).billing["prices"]
     assert prices[PRO.sku] == "9.00" and "A100-80GB" in prices  # merged over the defaults
     assert make_price_book(prices).price(PRO.sku) == 9_000_000
+
+
+def test_a_shared_share_of_an_unknown_card_says_its_speed_is_unknown_too():
+    shared = f"{PRO.sku}/shared"
+    choices = build_choices(view(**{shared: 4}), CATALOG, {shared: 2_000_000, "cpu": 1})
+    html = render_form(choices, credit=TEN, simulated=False, preview_url="/p")
+    assert "95.6 GB · TFLOPS unknown, shared" in html and "0 FP16 TFLOPS" not in html
