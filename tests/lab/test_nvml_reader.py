@@ -13,6 +13,9 @@ from tests.lab.conftest import activity_moves, wait_for_samples
 from tests.nvml.conftest import fake_nvml_dir  # noqa: F401  (builds the fake library)
 
 MIB = 1024**2
+# memory the driver itself holds on every device, idle or not (tests/nvml/fake_nvml.c)
+H200_DRIVER_MIB = 512
+MIG_DRIVER_MIB = 12
 MACHINE = """
     NVIDIA H200|GPU-9d5e0000-aaaa-bbbb-cccc-000000000001|143771|off;
     NVIDIA A100-SXM4-80GB|GPU-4a1c0000-aaaa-bbbb-cccc-000000000002|81920|on;
@@ -45,7 +48,7 @@ def test_whole_gpu(lab_server, fake_nvml_dir):  # noqa: F811
             "uuid": H200,
             "name": "NVIDIA H200",
             "kind": "gpu",
-            "memory_used_bytes": 20000 * MIB,
+            "memory_used_bytes": (20000 + H200_DRIVER_MIB) * MIB,
             "memory_total_bytes": 143771 * MIB,
             "utilization_percent": 55,
             "compute_processes": 2,
@@ -67,7 +70,7 @@ def test_mig_slices(lab_server, fake_nvml_dir):  # noqa: F811
         (SLICE_1G, "mig", None),
     ]
     assert [d["compute_processes"] for d in answer["devices"]] == [0, 1]
-    assert answer["devices"][1]["memory_used_bytes"] == 3000 * MIB
+    assert answer["devices"][1]["memory_used_bytes"] == (3000 + MIG_DRIVER_MIB) * MIB
     assert answer["devices"][1]["memory_total_bytes"] == 9984 * MIB
     assert answer["busy"] is True
     assert answer["history"][-1]["utilization_percent"] is None

@@ -54,18 +54,38 @@ class Reading:
     log: str
 
 
-@pytest.fixture(scope="session")
-def fake_nvml_dir(tmp_path_factory) -> Path:
-    """A folder holding the fake built as libnvidia-ml.so.1."""
+def build_fake(out: Path, *flags: str) -> Path:
+    """Build tests/nvml/fake_nvml.c as ``out``/libnvidia-ml.so.1."""
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build tests/nvml/fake_nvml.c; install gcc")
-    out = tmp_path_factory.mktemp("fake-nvml")
     subprocess.run(
-        ["gcc", "-Wall", "-Werror", "-shared", "-fPIC", "-o", out / "libnvidia-ml.so.1"]
-        + [HERE / "fake_nvml.c"],
+        ["gcc", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", *flags]
+        + ["-o", out / "libnvidia-ml.so.1", HERE / "fake_nvml.c", "-lpthread"],
         check=True,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_dir(tmp_path_factory) -> Path:
+    """A folder holding the fake built as libnvidia-ml.so.1 (a current driver)."""
+    return build_fake(tmp_path_factory.mktemp("fake-nvml"))
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_old_dir(tmp_path_factory) -> Path:
+    """The fake as a driver of the R460 era: no ``_v3`` process call, no ``MemoryInfo_v2``,
+    names without "NVIDIA ", MIG UUIDs ``MIG-GPU-<uuid>/<gi>/<ci>``."""
+    return build_fake(tmp_path_factory.mktemp("fake-nvml-old"), "-DFAKE_NVML_OLD_DRIVER")
+
+
+def write_machine(path: Path, **keys: str) -> None:
+    """Describe the machine in a ``FAKE_NVML_FILE`` (DEVICES=, USE=, FAIL_CALLS=,
+    PRIVILEGED=), atomically, so a process reading the fake sees the change at its next call."""
+    text = "".join(f"{key}={' '.join(value.split())}\n" for key, value in keys.items())
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 @pytest.fixture
@@ -74,17 +94,26 @@ def read_inventory(fake_nvml_dir):
 
     ``mode`` is ``nvml_devices`` (call it directly) or a ``load_local_devices`` mode with the
     shipped simulated inventory as its file. ``devices`` and ``fail`` become
-    ``FAKE_NVML_DEVICES`` and ``FAKE_NVML_FAIL`` (see fake_nvml.c).
+    ``FAKE_NVML_DEVICES`` and ``FAKE_NVML_FAIL``, other keywords ``FAKE_NVML_<KEY>`` (see
+    fake_nvml.c); ``library`` is another build's folder (``fake_nvml_old_dir``).
     """
 
-    def read(mode: str, devices: str | None = None, fail: str | None = None) -> Reading:
+    def read(
+        mode: str,
+        devices: str | None = None,
+        fail: str | None = None,
+        library: Path | None = None,
+        **fake: str,
+    ) -> Reading:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-        env["LD_LIBRARY_PATH"] = str(fake_nvml_dir)
+        env["LD_LIBRARY_PATH"] = str(library or fake_nvml_dir)
         env["PYTHONPATH"] = str(ROOT)
         if devices is not None:
             env["FAKE_NVML_DEVICES"] = devices
         if fail is not None:
             env["FAKE_NVML_FAIL"] = fail
+        for key, value in fake.items():  # use=, fail_calls=, privileged=
+            env[f"FAKE_NVML_{key.upper()}"] = value
         child = subprocess.run(
             [sys.executable, "-c", READ_INVENTORY, mode],
             env=env,

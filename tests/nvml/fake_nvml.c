@@ -3,36 +3,74 @@
  *
  * Build it as libnvidia-ml.so.1 and put its folder on LD_LIBRARY_PATH: pynvml's own ctypes
  * code then loads it and calls it exactly as it calls the real driver library. Only the entry
- * points gputap's inventory uses are here; pynvml answers NVML_ERROR_FUNCTION_NOT_FOUND for
- * anything else, as the real library does for a symbol an old driver lacks.
+ * points gputap uses are here; pynvml answers NVML_ERROR_FUNCTION_NOT_FOUND for anything
+ * else, as the real library does for a symbol an old driver lacks.
  *
- *     gcc -shared -fPIC -o libnvidia-ml.so.1 fake_nvml.c
+ *     gcc -shared -fPIC -o libnvidia-ml.so.1 fake_nvml.c -lpthread
+ *     gcc -shared -fPIC -DFAKE_NVML_OLD_DRIVER -o libnvidia-ml.so.1 fake_nvml.c -lpthread
  *
- * The machine it pretends to be is read from the environment at nvmlInit (the first one, or
- * the next one after the last nvmlShutdown):
+ * The second build is a driver of the R460 era: no nvmlDeviceGetComputeRunningProcesses_v3
+ * (pynvml's unversioned call then raises NVMLLibraryMismatchError) and no
+ * nvmlDeviceGetMemoryInfo_v2; names without the "NVIDIA " prefix ("A100-SXM4-80GB"); MIG
+ * device UUIDs in the old form MIG-GPU-<parent UUID>/<GPU instance>/<compute instance>.
+ *
+ * The machine is described by the environment (read at the first nvmlInit), or, when
+ * FAKE_NVML_FILE names a file, by that file's lines KEY=VALUE with the same keys without the
+ * FAKE_NVML_ prefix (DEVICES=..., USE=..., FAIL_CALLS=..., PRIVILEGED=...). The file is
+ * re-read whenever it changes (checked on every call), so a test can change the machine under
+ * a running process; after a re-read every MIG device handle given out before answers
+ * NVML_ERROR_INVALID_ARGUMENT (NVML: handles must be requested again after a
+ * reconfiguration), and a GPU handle stays valid only if the same UUID is at the same index.
+ * Write it atomically (a new file renamed over the old).
  *
  * FAKE_NVML_FAIL=driver     nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED (no kernel module)
  * FAKE_NVML_FAIL=mismatch   nvmlInit answers NVML_ERROR_LIB_RM_VERSION_MISMATCH (driver
  *                           upgraded without a reboot)
  *
- * FAKE_NVML_DEVICES         entries separated by ';' (spaces and newlines around them ignored).
+ * DEVICES  entries separated by ';' (spaces and newlines around them ignored).
  *   A GPU:         NAME|UUID|MEMORY_MIB|MIG
  *                  MIG is "none" (card cannot do MIG: GetMigMode answers NOT_SUPPORTED),
  *                  "off" or "on" (MIG-capable, 7 MIG device slots, like A100/H100/H200),
- *                  or "lost": a GPU that fell off the bus, still counted, whose
- *                  GetHandleByIndex answers NVML_ERROR_GPU_IS_LOST.
- *   A MIG device:  @SLOT|NAME|UUID|MEMORY_MIB
- *                  in slot SLOT (0..6) of the GPU entry before it. Slots not listed are empty:
- *                  GetMigDeviceHandleByIndex answers NVML_ERROR_NOT_FOUND for them.
+ *                  "on>off" or "off>on" (the current mode, then the pending one that applies
+ *                  after a GPU reset), or "lost": a GPU that fell off the bus, still counted,
+ *                  whose GetHandleByIndex and GetHandleByUUID answer NVML_ERROR_GPU_IS_LOST.
+ *   A MIG device:  @SLOT|NAME|UUID|MEMORY_MIB[|GI]
+ *                  in slot SLOT (0..6) of the GPU entry before it, GPU instance id GI (by
+ *                  default as an A100 numbers them: 7g 0, 4g 1, 3g 1 and 2, 2g 3 to 5, 1g 7
+ *                  to 13, in order; the profile is read from NAME). Slots not listed are
+ *                  empty: GetMigDeviceHandleByIndex answers NVML_ERROR_NOT_FOUND for them.
+ *                  MIG devices exist only while their GPU's current mode is on.
  *   Unset or empty: no GPU (nvmlDeviceGetCount gives 0). A malformed value makes nvmlInit
  *   answer NVML_ERROR_UNKNOWN and print why on stderr.
  *
- * FAKE_NVML_USE             what the devices are doing, entries separated by ';':
- *                  UUID|UTILIZATION_PERCENT|USED_MIB|COMPUTE_PROCESSES
- *                  for a GPU or MIG device of FAKE_NVML_DEVICES (an unknown UUID is malformed).
- *                  Unlisted devices are idle: 0 %, no memory used, no process. MIG devices
- *                  and GPUs in MIG mode have no utilisation (GetUtilizationRates answers
- *                  NOT_SUPPORTED, as NVML does), whatever is given here.
+ * USE      what the devices are doing, entries separated by ';':
+ *                  UUID|UTILIZATION|USED_MIB|COMPUTE_PROCESSES
+ *                  for a GPU or MIG device of DEVICES (an unknown UUID is malformed).
+ *                  UTILIZATION is the device's true engine activity: N (percent, steady) or
+ *                  N/ON_MS/PERIOD_MS (N % during the first ON_MS of every PERIOD_MS of wall
+ *                  time, else 0). Unlisted devices are idle: 0 %, no process, only the
+ *                  driver's own memory used. COMPUTE_PROCESSES hold contexts whatever the
+ *                  activity: "0|3000|1" is a context that does nothing.
+ *                  MIG devices and GPUs in MIG mode have no utilisation (GetUtilizationRates
+ *                  and GetSamples answer NOT_SUPPORTED, as NVML does).
+ *
+ * FAIL_CALLS  failures of single calls, entries FUNCTION@UUID=CODE separated by ';':
+ *                  FUNCTION is an exported name (nvmlDeviceGetMemoryInfo) or '*' for every
+ *                  call on that device; UUID the device's (for the calls that find a handle:
+ *                  the device asked for); CODE GPU_IS_LOST, UNKNOWN, NO_PERMISSION or
+ *                  NOT_SUPPORTED.
+ *
+ * PRIVILEGED  1 (default) or 0: a process without privileges, whose process lists of MIG
+ *                  devices and of GPUs in MIG mode answer NVML_ERROR_NO_PERMISSION.
+ *
+ * Memory: every device shows the driver's own memory as used, even idle: a whole GPU
+ * min(512, MEMORY_MIB / 256) MiB, a MIG device 12 MiB (GetMemoryInfo: used = USED_MIB + that;
+ * GetMemoryInfo_v2: the same used, and that as reserved).
+ *
+ * Utilisation: the mean over one sample period of 1/6 s. GetUtilizationRates answers the last
+ * whole period; GetSamples(NVML_GPU_UTILIZATION_SAMPLES, lastSeen) the periods ending after
+ * lastSeen (timestamps in microseconds since the epoch), at most the last 120 (20 s), and
+ * NVML_ERROR_NOT_FOUND when none is newer.
  *
  * Example, one H200 and an A100 with two MIG devices:
  *
@@ -42,18 +80,24 @@
  *   @3|NVIDIA A100-SXM4-80GB MIG 1g.10gb|MIG-0c2e...|9984
  *
  * Return codes, buffer sizes and struct layouts are NVML's (nvml.h); handles are opaque
- * pointers into the static tables below, and any other pointer is NVML_ERROR_INVALID_ARGUMENT.
+ * values that encode the device and when it was handed out, and any other value is
+ * NVML_ERROR_INVALID_ARGUMENT.
  */
 
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 
 typedef enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
@@ -65,6 +109,8 @@ typedef enum {
 
 #define NVML_DEVICE_MIG_DISABLE 0
 #define NVML_DEVICE_MIG_ENABLE 1
+#define NVML_GPU_UTILIZATION_SAMPLES 1
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
 
 typedef struct {
     unsigned long long total;
@@ -88,37 +134,92 @@ typedef struct {
 typedef struct {
     unsigned int pid;
     unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t; /* nvmlProcessInfo_v3_t is the same layout */
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
 
 #define NVML_STRUCT_VERSION(name, ver) (unsigned int)(sizeof(name##_v##ver##_t) | ((ver) << 24U))
 #define nvmlMemory_v2 NVML_STRUCT_VERSION(nvmlMemory, 2)
 
 #define MAX_GPUS 16
 #define MAX_MIG_SLOTS 7
+#define MAX_FAILS 64
 #define TEXT_SIZE 96 /* NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE */
+#define SAMPLE_US 166667ULL
+#define KEPT_SAMPLES 120
+#define NO_INSTANCE 0xFFFFFFFFu
 
-enum mig_support { MIG_NONE, MIG_OFF, MIG_ON, LOST };
+#ifdef FAKE_NVML_OLD_DRIVER
+#define DRIVER_VERSION "460.106.00"
+#define CUDA_VERSION 11020
+#else
+#define DRIVER_VERSION "570.172.08"
+#define CUDA_VERSION 12080
+#endif
+
+enum mig_mode { MIG_NONE, MIG_OFF, MIG_ON };
 
 struct fake_device {
     int used;
     char name[TEXT_SIZE];
-    char uuid[TEXT_SIZE];
+    char uuid[TEXT_SIZE]; /* as written in DEVICES */
     unsigned long long memory_mib;
-    enum mig_support mig;      /* whole GPUs only */
+    unsigned long long driver_mib;
+    enum mig_mode mig, pending; /* whole GPUs only */
+    int lost;
     struct fake_device *parent; /* MIG devices only */
-    unsigned int utilization;   /* FAKE_NVML_USE */
+    unsigned int gpu, slot;     /* where it sits in the tables */
+    unsigned int gpu_instance;  /* MIG devices only */
+    unsigned int level, on_ms, period_ms; /* USE: activity */
     unsigned long long used_mib;
     unsigned int processes;
 };
 
-typedef struct fake_device *nvmlDevice_t;
+struct fail {
+    char function[64];
+    char uuid[TEXT_SIZE];
+    nvmlReturn_t code;
+};
 
-static struct fake_device gpus[MAX_GPUS];
-static struct fake_device migs[MAX_GPUS][MAX_MIG_SLOTS];
-static unsigned int gpu_count;
+struct machine {
+    struct fake_device gpus[MAX_GPUS];
+    struct fake_device migs[MAX_GPUS][MAX_MIG_SLOTS];
+    unsigned int gpu_count;
+    struct fail fails[MAX_FAILS];
+    unsigned int fail_count;
+    int privileged;
+};
+
+typedef struct opaque_device *nvmlDevice_t;
+
+static struct machine m;
 static unsigned int init_count;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* handle generations: a GPU's changes when another UUID takes its index, all MIG ones on
+ * every re-read */
+static unsigned int gpu_generation[MAX_GPUS];
+static unsigned int mig_generation;
+static struct stat file_seen;
 
 static char *trim(char *s) {
     while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
@@ -129,130 +230,179 @@ static char *trim(char *s) {
     return s;
 }
 
-static int bad(const char *entry, const char *why) {
-    fprintf(stderr, "fake NVML: FAKE_NVML_DEVICES entry '%s': %s\n", entry, why);
+static int bad(const char *what, const char *entry, const char *why) {
+    fprintf(stderr, "fake NVML: %s entry '%s': %s\n", what, entry, why);
     return 0;
 }
 
-/* Split "a|b|c|d" into exactly four trimmed fields. */
-static int fields4(char *entry, char *out[4]) {
+/* Split "a|b|c|d[|e]" into min..max trimmed fields; the count, or 0. */
+static int fields(char *entry, char *out[], int min, int max) {
+    int n = 0;
     char *rest = entry;
-    for (int i = 0; i < 4; i++) {
+    while (n < max) {
         char *bar = strchr(rest, '|');
-        if ((i < 3) != (bar != NULL))
-            return 0;
         if (bar)
             *bar = '\0';
-        out[i] = trim(rest);
-        rest = bar ? bar + 1 : rest;
+        out[n++] = trim(rest);
+        if (!bar)
+            return n >= min ? n : 0;
+        rest = bar + 1;
     }
-    return 1;
+    return 0;
 }
 
 static int fill(struct fake_device *d, const char *entry, char *name, char *uuid, char *mib) {
     char *end;
     if (!*name || strlen(name) >= TEXT_SIZE)
-        return bad(entry, "name must be 1 to 95 characters");
-    if (!*uuid || strlen(uuid) >= TEXT_SIZE)
-        return bad(entry, "UUID must be 1 to 95 characters");
+        return bad("DEVICES", entry, "name must be 1 to 95 characters");
+    if (!*uuid || strlen(uuid) >= TEXT_SIZE - 8)
+        return bad("DEVICES", entry, "UUID must be 1 to 87 characters");
     d->memory_mib = strtoull(mib, &end, 10);
     if (!*mib || *end)
-        return bad(entry, "memory must be a whole number of MiB");
+        return bad("DEVICES", entry, "memory must be a whole number of MiB");
     strcpy(d->name, name);
     strcpy(d->uuid, uuid);
     d->used = 1;
     return 1;
 }
 
-static int parse_devices(const char *spec) {
-    memset(gpus, 0, sizeof gpus);
-    memset(migs, 0, sizeof migs);
-    gpu_count = 0;
+static int parse_mig_mode(const char *text, enum mig_mode *current, enum mig_mode *pending) {
+    static const struct {
+        const char *text;
+        enum mig_mode current, pending;
+    } modes[] = {{"none", MIG_NONE, MIG_NONE}, {"off", MIG_OFF, MIG_OFF}, {"on", MIG_ON, MIG_ON},
+                 {"on>off", MIG_ON, MIG_OFF},  {"off>on", MIG_OFF, MIG_ON}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(text, modes[i].text)) {
+            *current = modes[i].current;
+            *pending = modes[i].pending;
+            return 1;
+        }
+    return 0;
+}
+
+/* The GPU instance id an A100 gives the next instance of this many slices on one GPU. */
+static unsigned int default_instance(struct machine *t, unsigned int gpu, const char *name) {
+    const char *mig = strstr(name, "MIG ");
+    unsigned int g = mig ? (unsigned int)atoi(mig + 4) : 1;
+    unsigned int first = g == 7 ? 0 : g == 4 ? 1 : g == 3 ? 1 : g == 2 ? 3 : 7;
+    unsigned int taken = 0;
+    for (int s = 0; s < MAX_MIG_SLOTS; s++) {
+        struct fake_device *o = &t->migs[gpu][s];
+        if (o->used && o->gpu_instance >= first && o->gpu_instance < first + 7)
+            taken++;
+    }
+    return first + taken;
+}
+
+static int parse_devices(struct machine *t, const char *spec) {
     if (!spec)
         return 1;
-    char *copy = strdup(spec), *save = NULL, *f[4];
+    char *copy = strdup(spec), *save = NULL, *f[5];
     int ok = 1;
     for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
         char *entry = trim(tok), shown[256];
         if (!*entry)
             continue;
         snprintf(shown, sizeof shown, "%s", entry);
-        if (!fields4(entry, f)) {
-            ok = bad(shown, "want NAME|UUID|MEMORY_MIB|MIG or @SLOT|NAME|UUID|MEMORY_MIB");
+        int n = fields(entry, f, 4, 5);
+        if (!n || (n == 5 && f[0][0] != '@')) {
+            ok = bad("DEVICES", shown,
+                     "want NAME|UUID|MEMORY_MIB|MIG or @SLOT|NAME|UUID|MEMORY_MIB[|GI]");
         } else if (f[0][0] == '@') {
             char *end;
             long slot = strtol(f[0] + 1, &end, 10);
-            if (gpu_count == 0 || gpus[gpu_count - 1].mig == MIG_NONE ||
-                gpus[gpu_count - 1].mig == LOST)
-                ok = bad(shown, "a MIG device must follow a GPU whose MIG is off or on");
+            struct fake_device *gpu = t->gpu_count ? &t->gpus[t->gpu_count - 1] : NULL;
+            if (!gpu || gpu->mig == MIG_NONE || gpu->lost)
+                ok = bad("DEVICES", shown, "a MIG device must follow a GPU whose MIG is off or on");
             else if (!f[0][1] || *end || slot < 0 || slot >= MAX_MIG_SLOTS)
-                ok = bad(shown, "slot must be 0 to 6");
-            else if (migs[gpu_count - 1][slot].used)
-                ok = bad(shown, "slot already taken");
-            else if ((ok = fill(&migs[gpu_count - 1][slot], shown, f[1], f[2], f[3])))
-                migs[gpu_count - 1][slot].parent = &gpus[gpu_count - 1];
-        } else if (gpu_count == MAX_GPUS) {
-            ok = bad(shown, "at most 16 GPUs");
+                ok = bad("DEVICES", shown, "slot must be 0 to 6");
+            else if (t->migs[gpu->gpu][slot].used)
+                ok = bad("DEVICES", shown, "slot already taken");
+            else {
+                struct fake_device *d = &t->migs[gpu->gpu][slot];
+                unsigned int instance = default_instance(t, gpu->gpu, f[1]);
+                if (n == 5) {
+                    long gi = strtol(f[4], &end, 10);
+                    if (!*f[4] || *end || gi < 0 || gi > 14)
+                        ok = bad("DEVICES", shown, "GI must be 0 to 14");
+                    instance = (unsigned int)gi;
+                }
+                if (ok && (ok = fill(d, shown, f[1], f[2], f[3]))) {
+                    d->parent = gpu;
+                    d->gpu = gpu->gpu;
+                    d->slot = (unsigned int)slot;
+                    d->gpu_instance = instance;
+                    d->driver_mib = 12;
+                }
+            }
+        } else if (t->gpu_count == MAX_GPUS) {
+            ok = bad("DEVICES", shown, "at most 16 GPUs");
         } else {
-            struct fake_device *d = &gpus[gpu_count];
-            if (!strcmp(f[3], "none"))
-                d->mig = MIG_NONE;
-            else if (!strcmp(f[3], "off"))
-                d->mig = MIG_OFF;
-            else if (!strcmp(f[3], "on"))
-                d->mig = MIG_ON;
-            else if (!strcmp(f[3], "lost"))
-                d->mig = LOST;
-            else
-                ok = bad(shown, "MIG must be none, off, on or lost");
-            if (ok && (ok = fill(d, shown, f[0], f[1], f[2])))
-                gpu_count++;
+            struct fake_device *d = &t->gpus[t->gpu_count];
+            if (!strcmp(f[3], "lost"))
+                d->lost = 1;
+            else if (!parse_mig_mode(f[3], &d->mig, &d->pending))
+                ok = bad("DEVICES", shown, "MIG must be none, off, on, on>off, off>on or lost");
+            if (ok && (ok = fill(d, shown, f[0], f[1], f[2]))) {
+                d->gpu = t->gpu_count++;
+                d->driver_mib = d->memory_mib / 256 < 512 ? d->memory_mib / 256 : 512;
+            }
         }
     }
     free(copy);
     return ok;
 }
 
-/* The GPU or MIG device of FAKE_NVML_DEVICES with this UUID, or NULL. */
-static struct fake_device *find_uuid(const char *uuid) {
-    for (unsigned int i = 0; i < gpu_count; i++) {
-        if (!strcmp(gpus[i].uuid, uuid))
-            return &gpus[i];
+/* The GPU or MIG device with this UUID as written in DEVICES, or NULL. */
+static struct fake_device *find_configured(struct machine *t, const char *uuid) {
+    for (unsigned int i = 0; i < t->gpu_count; i++) {
+        if (!strcmp(t->gpus[i].uuid, uuid))
+            return &t->gpus[i];
         for (int s = 0; s < MAX_MIG_SLOTS; s++)
-            if (migs[i][s].used && !strcmp(migs[i][s].uuid, uuid))
-                return &migs[i][s];
+            if (t->migs[i][s].used && !strcmp(t->migs[i][s].uuid, uuid))
+                return &t->migs[i][s];
     }
     return NULL;
 }
 
-static int parse_use(const char *spec) {
+static int parse_use(struct machine *t, const char *spec) {
     if (!spec)
         return 1;
     char *copy = strdup(spec), *save = NULL, *f[4];
     int ok = 1;
     for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
-        char *entry = trim(tok), shown[256], *end1, *end2, *end3;
+        char *entry = trim(tok), shown[256], *end2, *end3;
+        unsigned int level = 0, on_ms = 0, period_ms = 0;
         if (!*entry)
             continue;
         snprintf(shown, sizeof shown, "%s", entry);
-        if (!fields4(entry, f)) {
-            ok = bad(shown, "FAKE_NVML_USE wants UUID|UTILIZATION_PERCENT|USED_MIB|PROCESSES");
+        if (!fields(entry, f, 4, 4)) {
+            ok = bad("USE", shown, "want UUID|UTILIZATION|USED_MIB|PROCESSES");
             continue;
         }
-        struct fake_device *d = find_uuid(f[0]);
-        unsigned long utilization = strtoul(f[1], &end1, 10);
+        struct fake_device *d = find_configured(t, f[0]);
+        int parts = sscanf(f[1], "%u/%u/%u", &level, &on_ms, &period_ms);
+        char again[64];
+        if (parts == 1)
+            snprintf(again, sizeof again, "%u", level);
+        else
+            snprintf(again, sizeof again, "%u/%u/%u", level, on_ms, period_ms);
         unsigned long long used = strtoull(f[2], &end2, 10);
         unsigned long processes = strtoul(f[3], &end3, 10);
         if (!d)
-            ok = bad(shown, "no device with this UUID in FAKE_NVML_DEVICES");
-        else if (!*f[1] || *end1 || utilization > 100)
-            ok = bad(shown, "utilisation must be 0 to 100");
-        else if (!*f[2] || *end2 || used > d->memory_mib)
-            ok = bad(shown, "used memory must be whole MiB, at most the device's");
+            ok = bad("USE", shown, "no device with this UUID in DEVICES");
+        else if ((parts != 1 && parts != 3) || strcmp(again, f[1]) || level > 100 ||
+                 (parts == 3 && (period_ms == 0 || on_ms > period_ms)))
+            ok = bad("USE", shown, "utilisation must be N or N/ON_MS/PERIOD_MS, N 0 to 100");
+        else if (!*f[2] || *end2 || used + d->driver_mib > d->memory_mib)
+            ok = bad("USE", shown, "used memory must be whole MiB, within the device's");
         else if (!*f[3] || *end3 || processes > 64)
-            ok = bad(shown, "processes must be 0 to 64");
+            ok = bad("USE", shown, "processes must be 0 to 64");
         else {
-            d->utilization = (unsigned int)utilization;
+            d->level = level;
+            d->on_ms = parts == 3 ? on_ms : 0;
+            d->period_ms = parts == 3 ? period_ms : 0;
             d->used_mib = used;
             d->processes = (unsigned int)processes;
         }
@@ -261,28 +411,229 @@ static int parse_use(const char *spec) {
     return ok;
 }
 
-/* A handle this library gave out, whole GPU or MIG device; NULL for anything else. */
-static struct fake_device *lookup(nvmlDevice_t handle) {
-    for (unsigned int i = 0; i < gpu_count; i++) {
-        if (handle == &gpus[i])
-            return handle;
+static int parse_fails(struct machine *t, const char *spec) {
+    static const struct {
+        const char *name;
+        nvmlReturn_t code;
+    } codes[] = {{"GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST},
+                 {"UNKNOWN", NVML_ERROR_UNKNOWN},
+                 {"NO_PERMISSION", NVML_ERROR_NO_PERMISSION},
+                 {"NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED}};
+    if (!spec)
+        return 1;
+    char *copy = strdup(spec), *save = NULL;
+    int ok = 1;
+    for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
+        char *entry = trim(tok), shown[256];
+        if (!*entry)
+            continue;
+        snprintf(shown, sizeof shown, "%s", entry);
+        char *at = strchr(entry, '@'), *eq = at ? strchr(at, '=') : NULL;
+        if (!at || !eq || t->fail_count == MAX_FAILS) {
+            ok = bad("FAIL_CALLS", shown, "want FUNCTION@UUID=CODE (at most 64)");
+            continue;
+        }
+        *at = *eq = '\0';
+        char *function = trim(entry), *uuid = trim(at + 1), *code = trim(eq + 1);
+        struct fail *fail = &t->fails[t->fail_count];
+        fail->code = NVML_SUCCESS;
+        for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+            if (!strcmp(code, codes[i].name))
+                fail->code = codes[i].code;
+        if (!*function || strlen(function) >= sizeof fail->function)
+            ok = bad("FAIL_CALLS", shown, "FUNCTION must be an NVML function name or *");
+        else if (!find_configured(t, uuid))
+            ok = bad("FAIL_CALLS", shown, "no device with this UUID in DEVICES");
+        else if (fail->code == NVML_SUCCESS)
+            ok = bad("FAIL_CALLS", shown,
+                     "CODE must be GPU_IS_LOST, UNKNOWN, NO_PERMISSION or NOT_SUPPORTED");
+        else {
+            strcpy(fail->function, function);
+            strcpy(fail->uuid, uuid);
+            t->fail_count++;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+/* KEY=VALUE lines of FAKE_NVML_FILE, or the FAKE_NVML_KEY variables. */
+static int parse_machine(struct machine *t) {
+    memset(t, 0, sizeof *t);
+    t->privileged = 1;
+    const char *path = getenv("FAKE_NVML_FILE");
+    const char *keys[] = {"DEVICES", "USE", "FAIL_CALLS", "PRIVILEGED"};
+    char *values[4] = {NULL, NULL, NULL, NULL}, *text = NULL;
+    if (path) {
+        FILE *file = fopen(path, "r");
+        if (!file) {
+            fprintf(stderr, "fake NVML: cannot read FAKE_NVML_FILE %s\n", path);
+            return 0;
+        }
+        size_t size = 0;
+        char chunk[4096];
+        for (size_t n; (n = fread(chunk, 1, sizeof chunk, file)) > 0; size += n) {
+            text = realloc(text, size + n + 1);
+            memcpy(text + size, chunk, n);
+        }
+        fclose(file);
+        text = text ? text : calloc(1, 1);
+        text[size] = '\0';
+        char *save = NULL;
+        for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            char *eq = strchr(line, '=');
+            int known = 0;
+            for (int k = 0; eq && k < 4; k++)
+                if ((size_t)(eq - line) == strlen(keys[k]) && !strncmp(line, keys[k], eq - line))
+                    values[k] = eq + 1, known = 1;
+            if (!known && *trim(line)) {
+                fprintf(stderr, "fake NVML: FAKE_NVML_FILE line '%.40s': want KEY=VALUE, KEY one"
+                                " of DEVICES, USE, FAIL_CALLS, PRIVILEGED\n", line);
+                free(text);
+                return 0;
+            }
+        }
+    } else {
+        values[0] = getenv("FAKE_NVML_DEVICES");
+        values[1] = getenv("FAKE_NVML_USE");
+        values[2] = getenv("FAKE_NVML_FAIL_CALLS");
+        values[3] = getenv("FAKE_NVML_PRIVILEGED");
+    }
+    int ok = parse_devices(t, values[0]) && parse_use(t, values[1]) && parse_fails(t, values[2]);
+    if (ok && values[3]) {
+        char *p = trim(values[3]);
+        if (strcmp(p, "0") && strcmp(p, "1"))
+            ok = bad("PRIVILEGED", p, "must be 0 or 1");
+        t->privileged = !strcmp(p, "1");
+    }
+    free(text);
+    return ok;
+}
+
+/* Take a new description: handles of devices that changed stop working. */
+static void adopt(struct machine *next) {
+    for (unsigned int i = 0; i < MAX_GPUS; i++)
+        if (i >= next->gpu_count || i >= m.gpu_count || strcmp(next->gpus[i].uuid, m.gpus[i].uuid))
+            gpu_generation[i]++;
+    mig_generation++;
+    memcpy(&m, next, sizeof m);
+    for (unsigned int i = 0; i < m.gpu_count; i++)
         for (int s = 0; s < MAX_MIG_SLOTS; s++)
-            if (handle == &migs[i][s] && migs[i][s].used)
-                return handle;
+            if (m.migs[i][s].used)
+                m.migs[i][s].parent = &m.gpus[i];
+}
+
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Re-read FAKE_NVML_FILE if it changed since it was last read. */
+static void refresh(void) {
+    const char *path = getenv("FAKE_NVML_FILE");
+    struct stat now;
+    if (!path || stat(path, &now) != 0 || same_file(&now, &file_seen))
+        return;
+    static struct machine next;
+    if (parse_machine(&next))
+        adopt(&next);
+    file_seen = now;
+}
+
+/* -- what callers see ------------------------------------------------------------------- */
+
+static void reported_name(const struct fake_device *d, char *out) {
+    const char *name = d->name;
+#ifdef FAKE_NVML_OLD_DRIVER
+    if (!strncmp(name, "NVIDIA ", 7))
+        name += 7;
+#endif
+    snprintf(out, TEXT_SIZE, "%s", name);
+}
+
+static void reported_uuid(const struct fake_device *d, char *out) {
+#ifdef FAKE_NVML_OLD_DRIVER
+    if (d->parent) {
+        snprintf(out, TEXT_SIZE, "MIG-%.80s/%u/0", d->parent->uuid, d->gpu_instance);
+        return;
+    }
+#endif
+    snprintf(out, TEXT_SIZE, "%s", d->uuid);
+}
+
+/* The device with this UUID as NVML reports it (or as written, where they differ), or NULL. */
+static struct fake_device *find_uuid(const char *uuid) {
+    char shown[TEXT_SIZE];
+    for (unsigned int i = 0; i < m.gpu_count; i++) {
+        for (int s = -1; s < MAX_MIG_SLOTS; s++) {
+            struct fake_device *d = s < 0 ? &m.gpus[i] : &m.migs[i][s];
+            if (!d->used)
+                continue;
+            reported_uuid(d, shown);
+            if (!strcmp(shown, uuid))
+                return d;
+        }
     }
     return NULL;
 }
 
-#define REQUIRE_INIT()                                                                             \
+static nvmlDevice_t handle_of(const struct fake_device *d) {
+    uintptr_t generation = d->parent ? mig_generation : gpu_generation[d->gpu];
+    uintptr_t slot = d->parent ? d->slot + 1 : 0;
+    return (nvmlDevice_t)(((uintptr_t)0xF4 << 40) | ((generation & 0xFFFFFF) << 16) |
+                          ((uintptr_t)d->gpu << 8) | slot);
+}
+
+/* A handle this library gave out that is still valid, GPU or MIG device; NULL otherwise. */
+static struct fake_device *lookup(nvmlDevice_t handle) {
+    uintptr_t h = (uintptr_t)handle;
+    unsigned int gpu = (h >> 8) & 0xFF, slot = h & 0xFF;
+    unsigned int generation = (h >> 16) & 0xFFFFFF;
+    if ((h >> 40) != 0xF4 || gpu >= m.gpu_count || slot > MAX_MIG_SLOTS)
+        return NULL;
+    if (slot == 0)
+        return generation == (gpu_generation[gpu] & 0xFFFFFF) ? &m.gpus[gpu] : NULL;
+    struct fake_device *d = &m.migs[gpu][slot - 1];
+    if (!d->used || m.gpus[gpu].mig != MIG_ON || generation != (mig_generation & 0xFFFFFF))
+        return NULL;
+    return d;
+}
+
+/* The failure FAIL_CALLS sets for nvml<function> on this device, or NVML_SUCCESS. */
+static nvmlReturn_t injected(const char *function, const struct fake_device *d) {
+    for (unsigned int i = 0; i < m.fail_count; i++) {
+        const struct fail *f = &m.fails[i];
+        if (strcmp(f->uuid, d->uuid))
+            continue;
+        if (!strcmp(f->function, "*") ||
+            (!strncmp(f->function, "nvml", 4) && !strcmp(f->function + 4, function)))
+            return f->code;
+    }
+    return NVML_SUCCESS;
+}
+
+/* Every exported call: one at a time, the machine re-read if it changed. */
+#define LOCKED(call)                                                                               \
     do {                                                                                           \
-        if (init_count == 0)                                                                       \
-            return NVML_ERROR_UNINITIALIZED;                                                       \
+        pthread_mutex_lock(&lock);                                                                 \
+        if (init_count)                                                                            \
+            refresh();                                                                             \
+        nvmlReturn_t result_ = init_count ? (call) : NVML_ERROR_UNINITIALIZED;                     \
+        pthread_mutex_unlock(&lock);                                                               \
+        return result_;                                                                            \
     } while (0)
 
 #define REQUIRE_DEVICE(d, handle)                                                                  \
     struct fake_device *d = lookup(handle);                                                        \
     if (!d)                                                                                        \
-    return NVML_ERROR_INVALID_ARGUMENT
+        return NVML_ERROR_INVALID_ARGUMENT;                                                        \
+    do {                                                                                           \
+        nvmlReturn_t failure_ = injected(__func__ + 3, d); /* do_X implements nvmlX */            \
+        if (failure_ != NVML_SUCCESS)                                                              \
+            return failure_;                                                                       \
+    } while (0)
+
+/* The implementations below are do_<exported name without the nvml prefix>. */
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
@@ -291,19 +642,33 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     if (fail && !strcmp(fail, "mismatch"))
         return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    if (init_count == 0 &&
-        (!parse_devices(getenv("FAKE_NVML_DEVICES")) || !parse_use(getenv("FAKE_NVML_USE"))))
-        return NVML_ERROR_UNKNOWN;
-    init_count++;
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t result = NVML_SUCCESS;
+    if (init_count == 0) {
+        static struct machine next;
+        const char *path = getenv("FAKE_NVML_FILE");
+        if (path)
+            stat(path, &file_seen);
+        if (parse_machine(&next))
+            adopt(&next);
+        else
+            result = NVML_ERROR_UNKNOWN;
+    }
+    if (result == NVML_SUCCESS)
+        init_count++;
+    pthread_mutex_unlock(&lock);
+    return result;
 }
 
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
 
 nvmlReturn_t nvmlShutdown(void) {
-    REQUIRE_INIT();
-    init_count--;
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&lock);
+    nvmlReturn_t result = init_count ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (init_count)
+        init_count--;
+    pthread_mutex_unlock(&lock);
+    return result;
 }
 
 const char *nvmlErrorString(nvmlReturn_t result) {
@@ -316,6 +681,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         return "Invalid Argument";
     case NVML_ERROR_NOT_SUPPORTED:
         return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION:
+        return "Insufficient Permissions";
     case NVML_ERROR_NOT_FOUND:
         return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE:
@@ -333,24 +700,6 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     }
 }
 
-nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
-    REQUIRE_INIT();
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *count = gpu_count;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
-    REQUIRE_INIT();
-    if (!device || index >= gpu_count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (gpus[index].mig == LOST)
-        return NVML_ERROR_GPU_IS_LOST;
-    *device = &gpus[index];
-    return NVML_SUCCESS;
-}
-
 static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) {
     if (!out)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -360,125 +709,377 @@ static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) 
     return NVML_SUCCESS;
 }
 
+static nvmlReturn_t do_SystemGetDriverVersion(char *version, unsigned int length) {
+    return copy_text(DRIVER_VERSION, version, length);
+}
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    LOCKED(do_SystemGetDriverVersion(version, length));
+}
+
+static nvmlReturn_t do_SystemGetCudaDriverVersion(int *version) {
+    if (!version)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *version = CUDA_VERSION;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    LOCKED(do_SystemGetCudaDriverVersion(version));
+}
+
+static nvmlReturn_t do_DeviceGetCount_v2(unsigned int *count) {
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = m.gpu_count;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) { LOCKED(do_DeviceGetCount_v2(count)); }
+
+static nvmlReturn_t do_DeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!device || index >= m.gpu_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_device *d = &m.gpus[index];
+    nvmlReturn_t failure = injected("DeviceGetHandleByIndex_v2", d);
+    if (failure != NVML_SUCCESS)
+        return failure;
+    if (d->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = handle_of(d);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    LOCKED(do_DeviceGetHandleByIndex_v2(index, device));
+}
+
+static nvmlReturn_t do_DeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!uuid || !device)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_device *d = find_uuid(uuid);
+    if (!d || (d->parent && d->parent->mig != MIG_ON))
+        return NVML_ERROR_NOT_FOUND;
+    nvmlReturn_t failure = injected("DeviceGetHandleByUUID", d);
+    if (failure != NVML_SUCCESS)
+        return failure;
+    if (d->lost || (d->parent && d->parent->lost))
+        return NVML_ERROR_GPU_IS_LOST;
+    *device = handle_of(d);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    LOCKED(do_DeviceGetHandleByUUID(uuid, device));
+}
+
+static nvmlReturn_t do_DeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    REQUIRE_DEVICE(d, device);
+    char shown[TEXT_SIZE];
+    reported_name(d, shown);
+    return copy_text(shown, name, length);
+}
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    REQUIRE_INIT();
-    REQUIRE_DEVICE(d, device);
-    return copy_text(d->name, name, length);
+    LOCKED(do_DeviceGetName(device, name, length));
 }
 
+static nvmlReturn_t do_DeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    REQUIRE_DEVICE(d, device);
+    char shown[TEXT_SIZE];
+    reported_uuid(d, shown);
+    return copy_text(shown, uuid, length);
+}
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    REQUIRE_INIT();
-    REQUIRE_DEVICE(d, device);
-    return copy_text(d->uuid, uuid, length);
+    LOCKED(do_DeviceGetUUID(device, uuid, length));
 }
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    REQUIRE_INIT();
+static nvmlReturn_t do_DeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    REQUIRE_DEVICE(d, device);
+    if (!index || d->parent)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *index = d->gpu;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    LOCKED(do_DeviceGetIndex(device, index));
+}
+
+static unsigned long long used_bytes(const struct fake_device *d) {
+    unsigned long long used = d->used_mib + d->driver_mib;
+    if (!d->parent && d->mig == MIG_ON)
+        for (int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (m.migs[d->gpu][s].used)
+                used += m.migs[d->gpu][s].used_mib + m.migs[d->gpu][s].driver_mib;
+    return used << 20;
+}
+
+static nvmlReturn_t do_DeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
     REQUIRE_DEVICE(d, device);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = d->memory_mib << 20;
-    memory->used = d->used_mib << 20;
+    memory->used = used_bytes(d);
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    LOCKED(do_DeviceGetMemoryInfo(device, memory));
+}
 
-nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
-    REQUIRE_INIT();
+#ifndef FAKE_NVML_OLD_DRIVER
+static nvmlReturn_t do_DeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     REQUIRE_DEVICE(d, device);
     if (!memory)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     memory->total = d->memory_mib << 20;
-    memory->reserved = 0;
-    memory->used = d->used_mib << 20;
+    memory->reserved = d->driver_mib << 20;
+    memory->used = used_bytes(d);
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    LOCKED(do_DeviceGetMemoryInfo_v2(device, memory));
+}
+#endif
 
-nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
-                                  unsigned int *pendingMode) {
-    REQUIRE_INIT();
+static nvmlReturn_t do_DeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                        unsigned int *pendingMode) {
     REQUIRE_DEVICE(d, device);
     if (!currentMode || !pendingMode)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->parent || d->mig == MIG_NONE)
         return NVML_ERROR_NOT_SUPPORTED;
-    *currentMode = *pendingMode = d->mig == MIG_ON ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    *currentMode = d->mig == MIG_ON ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    *pendingMode = d->pending == MIG_ON ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
     return NVML_SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode) {
+    LOCKED(do_DeviceGetMigMode(device, currentMode, pendingMode));
+}
 
-nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
-    REQUIRE_INIT();
+/* NVML: zero when MIG is not supported or not enabled. */
+static nvmlReturn_t do_DeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     REQUIRE_DEVICE(d, device);
     if (!count || d->parent)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *count = d->mig == MIG_NONE ? 0 : MAX_MIG_SLOTS;
+    *count = d->mig == MIG_ON ? MAX_MIG_SLOTS : 0;
     return NVML_SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
+    LOCKED(do_DeviceGetMaxMigDeviceCount(device, count));
+}
 
-nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
-                                                 nvmlDevice_t *migDevice) {
-    REQUIRE_INIT();
-    REQUIRE_DEVICE(d, device);
-    if (!migDevice || d->parent || index >= MAX_MIG_SLOTS)
+static nvmlReturn_t do_DeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                       nvmlDevice_t *migDevice) {
+    struct fake_device *d = lookup(device);
+    if (!d || !migDevice || d->parent || index >= MAX_MIG_SLOTS)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->mig == MIG_NONE)
         return NVML_ERROR_NOT_SUPPORTED;
-    struct fake_device *slot = &migs[d - gpus][index];
+    struct fake_device *slot = &m.migs[d->gpu][index];
     if (d->mig != MIG_ON || !slot->used)
         return NVML_ERROR_NOT_FOUND;
-    *migDevice = slot;
+    nvmlReturn_t failure = injected("DeviceGetMigDeviceHandleByIndex", slot);
+    if (failure != NVML_SUCCESS)
+        return failure;
+    *migDevice = handle_of(slot);
     return NVML_SUCCESS;
 }
-
-nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
-    REQUIRE_INIT();
-    if (!uuid || !device)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    struct fake_device *d = find_uuid(uuid);
-    if (!d || (d->parent && d->parent->mig != MIG_ON))
-        return NVML_ERROR_NOT_FOUND;
-    if (d->mig == LOST)
-        return NVML_ERROR_GPU_IS_LOST;
-    *device = d;
-    return NVML_SUCCESS;
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice) {
+    LOCKED(do_DeviceGetMigDeviceHandleByIndex(device, index, migDevice));
 }
 
-nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
-    REQUIRE_INIT();
+static nvmlReturn_t do_DeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMig) {
     REQUIRE_DEVICE(d, device);
-    if (!utilization)
+    if (!isMig)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *isMig = d->parent != NULL;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMig) {
+    LOCKED(do_DeviceIsMigDeviceHandle(device, isMig));
+}
+
+static nvmlReturn_t do_DeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                                nvmlDevice_t *device) {
+    REQUIRE_DEVICE(d, migDevice);
+    if (!device || !d->parent)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = handle_of(d->parent);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice,
+                                                          nvmlDevice_t *device) {
+    LOCKED(do_DeviceGetDeviceHandleFromMigDeviceHandle(migDevice, device));
+}
+
+static nvmlReturn_t do_DeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    REQUIRE_DEVICE(d, device);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->parent)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *id = d->gpu_instance;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    LOCKED(do_DeviceGetGpuInstanceId(device, id));
+}
+
+static nvmlReturn_t do_DeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    REQUIRE_DEVICE(d, device);
+    if (!id)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->parent)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *id = 0;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    LOCKED(do_DeviceGetComputeInstanceId(device, id));
+}
+
+static unsigned long long now_us(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+}
+
+/* Mean activity, percent, over the sample period that ends at end_us. */
+static unsigned int period_mean(const struct fake_device *d, unsigned long long end_us) {
+    if (d->period_ms == 0)
+        return d->level;
+    unsigned long long on = 0, start_ms = (end_us - SAMPLE_US) / 1000, end_ms = end_us / 1000;
+    for (unsigned long long t = start_ms; t < end_ms; t++)
+        on += (t % d->period_ms) < d->on_ms;
+    return (unsigned int)((on * d->level + (end_ms - start_ms) / 2) / (end_ms - start_ms));
+}
+
+static nvmlReturn_t do_DeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates) {
+    REQUIRE_DEVICE(d, device);
+    if (!rates)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->parent || d->mig == MIG_ON)
         return NVML_ERROR_NOT_SUPPORTED;
-    utilization->gpu = d->utilization;
-    utilization->memory = d->memory_mib ? (unsigned int)(d->used_mib * 100 / d->memory_mib) : 0;
+    rates->gpu = period_mean(d, now_us() / SAMPLE_US * SAMPLE_US);
+    rates->memory = d->memory_mib ? (unsigned int)(d->used_mib * 100 / d->memory_mib) : 0;
     return NVML_SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *rates) {
+    LOCKED(do_DeviceGetUtilizationRates(device, rates));
+}
 
-/* As NVML: with too small a buffer (or none), the count needed and INSUFFICIENT_SIZE. */
-nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
-                                                     nvmlProcessInfo_v2_t *infos) {
-    REQUIRE_INIT();
+/* As NVML: with no buffer the count there is now; with one, as many as fit, oldest first. */
+static nvmlReturn_t do_DeviceGetSamples(nvmlDevice_t device, int type, unsigned long long lastSeen,
+                                        int *valueType, unsigned int *count,
+                                        nvmlSample_t *samples) {
     REQUIRE_DEVICE(d, device);
+    if (!valueType || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (type != NVML_GPU_UTILIZATION_SAMPLES || d->parent || d->mig == MIG_ON)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned long long last = now_us() / SAMPLE_US, first = last - (KEPT_SAMPLES - 1);
+    if (first <= lastSeen / SAMPLE_US)
+        first = lastSeen / SAMPLE_US + 1;
+    if (first > last)
+        return NVML_ERROR_NOT_FOUND;
+    *valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    unsigned int there = (unsigned int)(last - first + 1);
+    if (!samples) {
+        *count = there;
+        return NVML_SUCCESS;
+    }
+    unsigned int given = there < *count ? there : *count;
+    for (unsigned int i = 0; i < given; i++) {
+        samples[i].timeStamp = (first + i) * SAMPLE_US;
+        samples[i].sampleValue.ullVal = 0;
+        samples[i].sampleValue.uiVal = period_mean(d, samples[i].timeStamp);
+    }
+    *count = given;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, int type, unsigned long long lastSeen,
+                                  int *valueType, unsigned int *count, nvmlSample_t *samples) {
+    LOCKED(do_DeviceGetSamples(device, type, lastSeen, valueType, count, samples));
+}
+
+/* The compute processes of a device: its own, or for a GPU in MIG mode those of every MIG
+ * device on it (with their instance ids). With too small a buffer (or none), the count
+ * needed and INSUFFICIENT_SIZE, as NVML. */
+static nvmlReturn_t processes(struct fake_device *d, unsigned int *infoCount,
+                              nvmlProcessInfo_v2_t *v2, nvmlProcessInfo_v1_t *v1) {
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (d->processes == 0) {
+    int mig = d->parent || d->mig == MIG_ON;
+    if (mig && !m.privileged)
+        return NVML_ERROR_NO_PERMISSION;
+    struct fake_device *owners[MAX_MIG_SLOTS + 1];
+    unsigned int n_owners = 0, total = 0;
+    if (!d->parent && d->mig == MIG_ON) {
+        for (int s = 0; s < MAX_MIG_SLOTS; s++)
+            if (m.migs[d->gpu][s].used)
+                owners[n_owners++] = &m.migs[d->gpu][s];
+    } else {
+        owners[n_owners++] = d;
+    }
+    for (unsigned int o = 0; o < n_owners; o++)
+        total += owners[o]->processes;
+    if (total == 0) {
         *infoCount = 0;
         return NVML_SUCCESS;
     }
-    if (!infos || *infoCount < d->processes) {
-        *infoCount = d->processes;
+    if ((!v2 && !v1) || *infoCount < total) {
+        *infoCount = total;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (unsigned int i = 0; i < d->processes; i++) {
-        infos[i].pid = 4000 + i;
-        infos[i].usedGpuMemory = (d->used_mib << 20) / d->processes;
-        infos[i].gpuInstanceId = d->parent ? (unsigned int)(d - migs[d->parent - gpus]) : 0xFFFFFFFF;
-        infos[i].computeInstanceId = d->parent ? 0 : 0xFFFFFFFF;
+    unsigned int i = 0;
+    for (unsigned int o = 0; o < n_owners; o++) {
+        struct fake_device *p = owners[o];
+        for (unsigned int k = 0; k < p->processes; k++, i++) {
+            unsigned int pid = 4000 + p->gpu * 100 + (p->parent ? (p->slot + 1) * 10 : 0) + k;
+            unsigned long long memory = (p->used_mib << 20) / p->processes;
+            if (v2) {
+                v2[i].pid = pid;
+                v2[i].usedGpuMemory = memory;
+                v2[i].gpuInstanceId = p->parent ? p->gpu_instance : NO_INSTANCE;
+                v2[i].computeInstanceId = p->parent ? 0 : NO_INSTANCE;
+            } else {
+                v1[i].pid = pid;
+                v1[i].usedGpuMemory = memory;
+            }
+        }
     }
-    *infoCount = d->processes;
+    *infoCount = total;
     return NVML_SUCCESS;
 }
+
+static nvmlReturn_t do_DeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *n,
+                                                        nvmlProcessInfo_v1_t *infos) {
+    REQUIRE_DEVICE(d, device);
+    return processes(d, n, NULL, infos);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *n,
+                                                  nvmlProcessInfo_v1_t *infos) {
+    LOCKED(do_DeviceGetComputeRunningProcesses(device, n, infos));
+}
+
+static nvmlReturn_t do_DeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *n,
+                                                           nvmlProcessInfo_v2_t *infos) {
+    REQUIRE_DEVICE(d, device);
+    return processes(d, n, infos, NULL);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *n,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    LOCKED(do_DeviceGetComputeRunningProcesses_v2(device, n, infos));
+}
+
+#ifndef FAKE_NVML_OLD_DRIVER
+static nvmlReturn_t do_DeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *n,
+                                                           nvmlProcessInfo_v2_t *infos) {
+    REQUIRE_DEVICE(d, device);
+    return processes(d, n, infos, NULL);
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *n,
+                                                     nvmlProcessInfo_v2_t *infos) {
+    LOCKED(do_DeviceGetComputeRunningProcesses_v3(device, n, infos));
+}
+#endif
