@@ -261,19 +261,20 @@ def discovered_card(name: str, memory_mib: int) -> Card:
     """A card for a GPU NVML reports that the catalog does not know: what NVML says of it.
 
     ``name`` is NVML's device name, ``memory_mib`` its total memory. The SKU is the name
-    without "NVIDIA ", each run of characters other than letters, digits, ``_``, ``.`` and
-    ``-`` made one ``-`` ("NVIDIA RTX PRO 6000 Blackwell Server Edition" →
-    "RTX-PRO-6000-Blackwell-Server-Edition"); memory in GB as the catalog counts them
-    (MiB / 1024, one decimal); no MIG profiles; speed unknown (``known`` False,
-    ``fp16_tflops`` 0.0), so a spec request with a TFLOPS minimum never gets it. It is
-    unpriced until an operator sets ``billing.prices.<SKU>``; facts under
-    ``catalog.cards.<SKU>`` (with this name among its products) make it a known card.
+    without "NVIDIA ", each run of characters other than letters, digits, ``.`` and ``-``
+    made one ``-``, at most 64 characters, as billing's rule for SKUs wants: "NVIDIA RTX PRO
+    6000 Blackwell Server Edition" gives "RTX-PRO-6000-Blackwell-Server-Edition". Memory is
+    in GB as the catalog counts them (MiB / 1024, one decimal); no MIG profiles; speed
+    unknown (``known`` False, ``fp16_tflops`` 0.0), so a spec request with a TFLOPS minimum
+    never gets it. It is unpriced until an operator sets ``billing.prices.<SKU>``; facts
+    under ``catalog.cards.<SKU>`` (with this name among its products) make it a known card.
     """
     if not isinstance(name, str) or not name.strip().removeprefix(NVIDIA_PREFIX.strip()).strip():
         raise ValueError(f"a GPU with no name ({name!r}) cannot be offered")
     name = name.strip()
     bare = name[len(NVIDIA_PREFIX) :] if name.startswith(NVIDIA_PREFIX) else name
-    sku = re.sub(r"[^A-Za-z0-9_.-]+", "-", bare).strip("-")
+    # billing's SKU rule: letters, digits, '.' and '-', at most 64
+    sku = re.sub(r"[^A-Za-z0-9.-]+", "-", bare).strip("-")[:64].rstrip("-")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", sku):
         raise ValueError(f"GPU {name!r}: its name needs letters or digits to make a SKU")
     if sku.lower() in RESERVED_SKUS:

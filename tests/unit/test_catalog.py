@@ -2,6 +2,7 @@ import re
 
 import pytest
 
+from billing_service.handlers.fields import SKU_NAME
 from spawner.core.catalog import Card, Catalog, MigProfile, discovered_card, load_catalog
 
 REQUIRED = [
@@ -274,11 +275,14 @@ def test_discovered_card_is_what_nvml_says():
         ("NVIDIA Graphics Device", 81559, "Graphics-Device", 79.6),
         ("NVIDIA  Foo/Bar (rev 2) ", 1024, "Foo-Bar-rev-2", 1.0),
         ("Tesla V100-SXM2-16GB", 16160, "Tesla-V100-SXM2-16GB", 15.8),
-        ("NVIDIA A2_lite", 15360, "A2_lite", 15.0),
+        # billing's SKU rule: letters, digits, '.', '-', at most 64
+        ("NVIDIA A2_lite", 15360, "A2-lite", 15.0),
+        ("NVIDIA " + "X" * 70, 1024, "X" * 64, 1.0),
     ],
 )
 def test_discovered_card_sku_and_memory(name, memory_mib, sku, memory_gb):
     card = discovered_card(name, memory_mib)
+    assert SKU_NAME.fullmatch(card.sku), "billing must accept a price for it"
     assert (card.sku, card.memory_gb, card.name) == (sku, memory_gb, name.strip())
     assert card.products == (re.sub(r"\s+", "-", name.strip()),)
     assert not card.known and card.fp16_tflops == 0.0 and card.mig_profiles == ()
