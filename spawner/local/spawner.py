@@ -252,6 +252,15 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         )
         return devices
 
+    async def discover(self) -> None:
+        """Read the GPUs before options are checked: a card NVML found that the catalog does
+        not know may be what they ask for (options checked before the first reading are
+        checked again)."""
+        before = set(_discovered)
+        await self.pool()
+        if set(_discovered) != before and self.options_error is not None:
+            self.server_options = self.options_error = None
+
     @property
     def settings_catalog(self) -> Catalog:
         """The catalog of the settings alone, without the GPUs NVML found that it lacks."""

@@ -77,3 +77,39 @@ def test_a_failing_gpu_is_left_out_the_rest_serves_and_it_comes_back_when_health
     assert f"new {FAILING}, gone none" in platform.log_tail(400)
     for name in ("ida", "jon", "kim"):
         platform.stop_server(name)
+
+
+UNKNOWN = "GPU-dddddddd-1111-4222-8333-444444444444"
+UNKNOWN_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+UNKNOWN_SKU = "RTX-PRO-6000-Blackwell-Server-Edition"
+
+
+@pytest.fixture(scope="module")
+def unknown_platform(tmp_path_factory, fake_nvml_dir):
+    """A box with only a GPU the catalog does not know, priced by its operator."""
+    p = Platform(
+        tmp_path_factory.mktemp("nvml-unknown"),
+        extra={"spawner": {"inventory": "auto"}, "billing": {"prices": {UNKNOWN_SKU: "9.00"}}},
+        env={
+            "LD_LIBRARY_PATH": str(fake_nvml_dir),
+            "FAKE_NVML_DEVICES": f"{UNKNOWN_NAME}|{UNKNOWN}|97887|none",
+        },
+    )
+    p.start()
+    yield p
+    p.shutdown()
+
+
+def test_an_unknown_gpu_is_served_as_nvml_names_it_once_priced(unknown_platform):
+    platform = unknown_platform
+    platform.create_user("lea")
+    # the very first thing the hub does: a spawn asking for the card by its SKU
+    r = platform.spawn("lea", {"kind": "card", "card": UNKNOWN_SKU})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("lea")
+    env = platform.server_env("lea")
+    assert (env["CUDA_VISIBLE_DEVICES"], env["GPUTAP_SIMULATED"]) == (UNKNOWN, "0")
+    log = platform.log_tail(600)
+    assert f"offered as {UNKNOWN_SKU} (95.6 GB, TFLOPS unknown)" in log
+    assert "simulated" not in log.lower().replace("gputap_simulated", "")
+    platform.stop_server("lea")
