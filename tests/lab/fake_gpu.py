@@ -34,6 +34,7 @@ class FakeReader:
             memory_total_bytes=80 * GIB,
             utilization_percent=self.utilization_percent,
             compute_processes=self.compute_processes,
+            activity_source="utilization",
         )
 
     def read(self) -> list[DeviceSample]:
@@ -73,6 +74,7 @@ class MIGSlice(FakeReader):
             memory_total_bytes=10 * GIB - 256 * 1024**2,
             utilization_percent=None,
             compute_processes=self.compute_processes,
+            activity_source="memory",
         )
 
 

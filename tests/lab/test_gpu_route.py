@@ -33,6 +33,8 @@ def test_busy_gpu_sample_history_and_activity(lab_server):
             "memory_total_bytes": 80 * GIB,
             "utilization_percent": 87,
             "compute_processes": 1,
+            "activity_source": "utilization",
+            "error": None,
         }
     ]
     point = answer["history"][-1]

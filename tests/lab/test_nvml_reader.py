@@ -52,6 +52,8 @@ def test_whole_gpu(lab_server, fake_nvml_dir):  # noqa: F811
             "memory_total_bytes": 143771 * MIB,
             "utilization_percent": 55,
             "compute_processes": 2,
+            "activity_source": "utilization",
+            "error": None,
         }
     ]
     assert answer["busy"] is True

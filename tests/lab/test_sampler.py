@@ -2,31 +2,42 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from gputap_lab import gpu, sampler
 from gputap_lab.gpu import DeviceSample, GPUUnavailable, NvmlReader, visible_devices
 from gputap_lab.hub import HubClient, HubNotConfigured, gputap_api_url, server_path
-from gputap_lab.sampler import ACTIVITY_KEY, Sampler, history_point, is_busy
+from gputap_lab.sampler import ACTIVITY_KEY, BusyRule, Sampler, history_point
 from tests.lab.fake_gpu import BusyGPU, BusyMIG, IdleGPU, IdleMIG, NoNVML
 
 GIB = 1024**3
 log = logging.getLogger("test")
 
 
-def device(utilization: int | None, processes: int | None = 0) -> DeviceSample:
+def device(
+    utilization: int | None,
+    processes: int | None = 0,
+    memory: int | None = GIB,
+    footprint: tuple | None = None,
+) -> DeviceSample:
     return DeviceSample(
         uuid="GPU-1",
         name="NVIDIA H200",
         kind="gpu" if utilization is not None else "mig",
-        memory_used_bytes=GIB,
+        memory_used_bytes=memory,
         memory_total_bytes=4 * GIB,
         utilization_percent=utilization,
         compute_processes=processes,
+        footprint=footprint,
     )
+
+
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -41,8 +52,46 @@ def device(utilization: int | None, processes: int | None = 0) -> DeviceSample:
         ([device(None, None)], False),
     ],
 )
-def test_is_busy(devices, busy):
-    assert is_busy(devices, 10) is busy
+def test_busy_at_the_first_sample(devices, busy):
+    assert BusyRule(10, steady_idle_seconds=600)(devices, T0) is busy
+
+
+def test_a_listed_context_that_holds_the_same_memory_goes_idle():
+    rule = BusyRule(10, steady_idle_seconds=600)
+    held = device(None, 1, 3 * GIB, ((4010, 3 * GIB),))
+    assert rule([held], T0) is True
+    assert rule([held], T0 + timedelta(seconds=599)) is True
+    assert rule([held], T0 + timedelta(seconds=600)) is False
+    assert rule([held], T0 + timedelta(hours=5)) is False
+    # it allocates more: working again, for another steady time
+    grown = device(None, 1, 4 * GIB, ((4010, 4 * GIB),))
+    assert rule([grown], T0 + timedelta(hours=5, seconds=1)) is True
+    assert rule([grown], T0 + timedelta(hours=5, seconds=601)) is False
+    # another process comes with the same total: the set changed
+    two = device(None, 2, 4 * GIB, ((4010, 2 * GIB), (4011, 2 * GIB)))
+    assert rule([two], T0 + timedelta(hours=6)) is True
+    assert rule([device(None, 0, 4 * GIB, ())], T0 + timedelta(hours=6, seconds=1)) is False
+
+
+def test_unlisted_processes_judged_by_memory_above_the_idle_floor():
+    """NO_PERMISSION for the process list (a user's server on MIG): memory alone."""
+    rule = BusyRule(10, steady_idle_seconds=60)
+    driver = 12 * 1024**2
+    assert rule([device(None, None, driver)], T0) is False
+    assert rule([device(None, None, driver + GIB)], T0 + timedelta(seconds=1)) is True
+    assert rule([device(None, None, driver + GIB)], T0 + timedelta(seconds=60)) is True
+    assert rule([device(None, None, driver + GIB)], T0 + timedelta(seconds=61)) is False
+    assert rule([device(None, None, driver + 2 * GIB)], T0 + timedelta(seconds=70)) is True
+    # the context ends: memory back to the driver's own is idle at once
+    assert rule([device(None, None, driver)], T0 + timedelta(seconds=71)) is False
+    assert rule([device(None, None, None)], T0 + timedelta(seconds=72)) is False
+
+
+def test_utilisation_decides_where_there_is_one():
+    rule = BusyRule(10, steady_idle_seconds=60)
+    held = device(0, 1, 3 * GIB, ((4010, 3 * GIB),))
+    assert rule([held], T0) is False  # a GPM slice or GPU at 0 %: its context is not work
+    assert rule([device(12, 1, 3 * GIB)], T0 + timedelta(hours=3)) is True
 
 
 def test_history_point_adds_devices_up():
@@ -57,6 +106,8 @@ def test_history_point_adds_devices_up():
         "busy": True,
     }
     assert history_point(at, [device(None, 0)], False)["utilization_percent"] is None
+    unknown = history_point(at, [device(None, None, None)], False)
+    assert unknown["memory_used_bytes"] is None and unknown["compute_processes"] is None
 
 
 def make_sampler(reader, settings, **kwargs) -> Sampler:
@@ -163,6 +214,64 @@ def test_nvml_reader_without_the_library(monkeypatch):
             reader.read()
     assert calls == ["init"]
     reader.close()
+
+
+def test_nvml_reader_without_any_process_list_call(monkeypatch):
+    """A driver with neither nvmlDeviceGetComputeRunningProcesses_v3 nor _v2: processes are
+    unknown, the rest of the sample is read, and the missing calls are not tried again."""
+    missing = gpu.pynvml.NVMLError(gpu.pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    calls: list[str] = []
+
+    def lacking(name):
+        def call(*args):
+            calls.append(name)
+            raise missing
+
+        return call
+
+    nvml = gpu.pynvml
+    monkeypatch.setattr(nvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(nvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(nvml, "nvmlDeviceGetHandleByUUID", lambda uuid: "handle")
+    monkeypatch.setattr(nvml, "nvmlDeviceGetName", lambda h: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(
+        nvml, "nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(used=GIB, total=16 * GIB)
+    )
+    monkeypatch.setattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v3", lacking("v3"))
+    monkeypatch.setattr(nvml, "nvmlDeviceGetComputeRunningProcesses_v2", lacking("v2"))
+    monkeypatch.setattr(nvml, "nvmlDeviceGetSamples", lacking("samples"))
+    monkeypatch.setattr(nvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=30))
+    reader = NvmlReader(["GPU-1"])
+    for _ in range(2):
+        [sample] = reader.read()
+        assert (sample.compute_processes, sample.utilization_percent) == (None, 30)
+        assert (sample.memory_used_bytes, sample.error) == (GIB, None)
+    assert calls == ["v3", "v2", "samples"]
+    reader.close()
+
+
+async def test_an_unexpected_failure_is_logged_once(caplog):
+    class Broken(IdleGPU):
+        def read(self):
+            raise RuntimeError("pynvml changed its mind")
+
+    s = Sampler(
+        Broken(["GPU-1"]),
+        simulated=False,
+        interval_seconds=0.01,
+        history_seconds=1,
+        busy_utilization_percent=10,
+        settings={},
+        log=log,
+    )
+    with caplog.at_level(logging.ERROR, logger="test"):
+        s.start()
+        await asyncio.sleep(0.2)
+        await s.stop()
+    assert [r.message for r in caplog.records] == ["gputap: sampling the GPU failed"]
+    assert (
+        s.to_json()["message"] == "reading the GPU failed (RuntimeError: pynvml changed its mind)"
+    )
 
 
 def test_nvml_is_not_initialised_at_import(monkeypatch):

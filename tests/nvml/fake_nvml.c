@@ -1083,3 +1083,160 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     LOCKED(do_DeviceGetComputeRunningProcesses_v3(device, n, infos));
 }
 #endif
+
+/* -- GPM: per-instance activity counters (Hopper and later; not on the old driver) -------
+ *
+ * A GPU counts GPM when its name is a Hopper or Blackwell card (H100, H200, H800, H20,
+ * GH200, B200); others (A100, A30, ...) answer isSupportedDevice 0 and NOT_SUPPORTED to
+ * samples. A sample of a MIG device is taken on its GPU by GPU instance id
+ * (nvmlGpmMigSampleGet); it holds the time and the instance's activity so far, which is the
+ * USE entry's UTILIZATION of that MIG device (N, or the N/ON_MS/PERIOD_MS pattern). Between
+ * two samples of one instance, NVML_GPM_METRIC_GRAPHICS_UTIL and NVML_GPM_METRIC_SM_UTIL are
+ * its mean activity in percent; other metrics answer NOT_SUPPORTED in their nvmlReturn. */
+#ifndef FAKE_NVML_OLD_DRIVER
+#define NVML_GPM_METRICS_GET_VERSION 1
+#define NVML_GPM_SUPPORT_VERSION 1
+#define NVML_GPM_METRIC_GRAPHICS_UTIL 1
+#define NVML_GPM_METRIC_SM_UTIL 2
+#define GPM_METRICS_MAX 98 /* NVML_GPM_METRIC_MAX of the first header with GPM; later ones grow */
+#define GPM_MAGIC 0x47504D31u
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+struct fake_gpm_sample {
+    unsigned int magic;
+    int taken;
+    unsigned int gpu, gpu_instance;
+    unsigned long long at_us;
+    unsigned long long active; /* percent x milliseconds of activity since the epoch */
+};
+
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[GPM_METRICS_MAX];
+} nvmlGpmMetricsGet_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+static int gpm_capable(const struct fake_device *gpu) {
+    static const char *cards[] = {"H100", "H200", "H800", "H20", "GH200", "B200"};
+    for (size_t i = 0; i < sizeof cards / sizeof cards[0]; i++)
+        if (strstr(gpu->name, cards[i]))
+            return 1;
+    return 0;
+}
+
+/* Activity of d from the epoch to t_ms, in percent x milliseconds. */
+static unsigned long long activity_until(const struct fake_device *d, unsigned long long t_ms) {
+    if (d->period_ms == 0)
+        return d->level * t_ms;
+    unsigned long long rest = t_ms % d->period_ms;
+    return d->level * ((t_ms / d->period_ms) * d->on_ms + (rest < d->on_ms ? rest : d->on_ms));
+}
+
+static nvmlReturn_t do_GpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    REQUIRE_DEVICE(d, device);
+    if (!support || d->parent) /* asked of the GPU, not of a MIG device */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (support->version != NVML_GPM_SUPPORT_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    support->isSupportedDevice = (unsigned int)gpm_capable(d);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    LOCKED(do_GpmQueryDeviceSupport(device, support));
+}
+
+static nvmlReturn_t do_GpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!sample)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_gpm_sample *s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_UNKNOWN;
+    s->magic = GPM_MAGIC;
+    *sample = s;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) { LOCKED(do_GpmSampleAlloc(sample)); }
+
+static nvmlReturn_t do_GpmSampleFree(nvmlGpmSample_t sample) {
+    if (!sample || sample->magic != GPM_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sample->magic = 0;
+    free(sample);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) { LOCKED(do_GpmSampleFree(sample)); }
+
+static nvmlReturn_t do_GpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                       nvmlGpmSample_t sample) {
+    REQUIRE_DEVICE(d, device);
+    if (!sample || sample->magic != GPM_MAGIC || d->parent)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gpm_capable(d))
+        return NVML_ERROR_NOT_SUPPORTED;
+    struct fake_device *instance = NULL;
+    for (int s = 0; d->mig == MIG_ON && s < MAX_MIG_SLOTS; s++)
+        if (m.migs[d->gpu][s].used && m.migs[d->gpu][s].gpu_instance == gpuInstanceId)
+            instance = &m.migs[d->gpu][s];
+    if (!instance)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sample->taken = 1;
+    sample->gpu = d->gpu;
+    sample->gpu_instance = gpuInstanceId;
+    sample->at_us = now_us();
+    sample->active = activity_until(instance, sample->at_us / 1000);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                 nvmlGpmSample_t sample) {
+    LOCKED(do_GpmMigSampleGet(device, gpuInstanceId, sample));
+}
+
+static nvmlReturn_t do_GpmMetricsGet(nvmlGpmMetricsGet_t *request) {
+    static char graphics[] = "gr_util", graphics_long[] = "graphics utilization";
+    static char sm[] = "sm_util", sm_long[] = "SM utilization", percent[] = "%";
+    if (!request)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (request->version != NVML_GPM_METRICS_GET_VERSION)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    struct fake_gpm_sample *a = request->sample1, *b = request->sample2;
+    if (!a || !b || a->magic != GPM_MAGIC || b->magic != GPM_MAGIC || !a->taken || !b->taken ||
+        a->gpu != b->gpu || a->gpu_instance != b->gpu_instance || b->at_us / 1000 <= a->at_us / 1000)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (request->numMetrics == 0 || request->numMetrics > GPM_METRICS_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    double mean = (double)(b->active - a->active) / (double)(b->at_us / 1000 - a->at_us / 1000);
+    for (unsigned int i = 0; i < request->numMetrics; i++) {
+        nvmlGpmMetric_t *metric = &request->metrics[i];
+        unsigned int id = metric->metricId;
+        int known = id == NVML_GPM_METRIC_GRAPHICS_UTIL || id == NVML_GPM_METRIC_SM_UTIL;
+        metric->nvmlReturn = known ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        metric->value = known ? mean : 0.0;
+        metric->metricInfo.shortName = id == NVML_GPM_METRIC_SM_UTIL ? sm : graphics;
+        metric->metricInfo.longName = id == NVML_GPM_METRIC_SM_UTIL ? sm_long : graphics_long;
+        metric->metricInfo.unit = percent;
+    }
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *request) {
+    LOCKED(do_GpmMetricsGet(request));
+}
+#endif

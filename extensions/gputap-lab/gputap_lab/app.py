@@ -52,11 +52,28 @@ class GPUTapLab(ExtensionApp):
     busy_utilization_percent = Int(
         10,
         config=True,
-        help="""A whole GPU at or above this utilisation in a sample is busy, which counts as
-        server activity for the idle culler. MIG slices have no utilisation: a slice is busy
-        while a compute process runs on it.
+        help="""A GPU at or above this utilisation (its mean since the previous sample) is
+        busy, which counts as server activity for the idle culler. A MIG slice on a GPU that
+        counts activity per instance (Hopper, Blackwell) is judged the same way by its own
+        activity; on other GPUs (A100, A30) see mig_steady_idle_minutes.
 
             c.GPUTapLab.busy_utilization_percent = 10
+        """,
+    )
+
+    mig_steady_idle_minutes = Float(
+        10.0,
+        config=True,
+        help="""A MIG slice without activity counters of its own (A100, A30) is busy while
+        compute processes hold it (or, where NVML does not list them to this server, memory
+        above what the slice held idle) and what they hold changed within this many minutes:
+        a context that keeps the same processes and memory this long counts as idle, so an
+        idle slice is culled and stops being billed. A long job whose processes and memory
+        never change counts as idle too (NVML shows no more of its work on these GPUs): the
+        server then lives on its other activity (kernel output, use), so raise this for
+        such jobs.
+
+            c.GPUTapLab.mig_steady_idle_minutes = 10
         """,
     )
 
@@ -99,7 +116,12 @@ class GPUTapLab(ExtensionApp):
     def _default_simulated(self) -> bool:
         return os.environ.get("GPUTAP_SIMULATED", "0") == "1"
 
-    @validate("sample_interval_seconds", "history_seconds", "hub_timeout_seconds")
+    @validate(
+        "sample_interval_seconds",
+        "history_seconds",
+        "hub_timeout_seconds",
+        "mig_steady_idle_minutes",
+    )
     def _positive(self, proposal):
         if proposal.value <= 0:
             raise TraitError(f"{proposal.trait.name} must be above 0, not {proposal.value}")
@@ -123,6 +145,7 @@ class GPUTapLab(ExtensionApp):
             interval_seconds=self.sample_interval_seconds,
             history_seconds=self.history_seconds,
             busy_utilization_percent=self.busy_utilization_percent,
+            steady_idle_seconds=60 * self.mig_steady_idle_minutes,
             settings=self.serverapp.web_app.settings,
             log=self.log,
         )

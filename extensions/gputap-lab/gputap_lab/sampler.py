@@ -13,7 +13,8 @@ import logging
 import math
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .gpu import DeviceSample, GPUReader, GPUUnavailable
@@ -29,29 +30,73 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def is_busy(devices: list[DeviceSample], busy_utilization_percent: int) -> bool:
-    """Busy: a device at or above the threshold, or one with no utilisation (a MIG slice)
-    that runs a compute process."""
-    for device in devices:
+@dataclass
+class _Held:
+    """What a device without utilisation held when it last changed."""
+
+    footprint: tuple[tuple[int, int], ...] | None
+    memory: int | None
+    floor: int | None  # the least memory it was seen with: the driver's own
+    changed_at: datetime | None
+
+
+class BusyRule:
+    """Whether the server's GPU works, sample by sample.
+
+    A device with a utilisation (a whole GPU, or a MIG slice whose GPU counts activity per
+    instance) is busy at or above ``busy_utilization_percent``. A device without one (a MIG
+    slice on an A100 or A30) is busy while something holds it and that changed within the
+    last ``steady_idle_seconds``: its compute processes (ids and memory), when NVML lists
+    them, else its used memory above the least seen. A context that holds the same memory
+    unchanged that long does no work that NVML can see: it is idle, so it cannot keep a
+    slice busy forever.
+    """
+
+    def __init__(self, busy_utilization_percent: int, steady_idle_seconds: float) -> None:
+        self.busy_utilization_percent = busy_utilization_percent
+        self.steady_idle = timedelta(seconds=steady_idle_seconds)
+        self._held: dict[str, _Held] = {}
+
+    def __call__(self, devices: list[DeviceSample], now: datetime) -> bool:
+        busy = False
+        for device in devices:
+            # every device is looked at: each one's memory of changes must stay current
+            busy = self._busy(device, now) or busy
+        return busy
+
+    def _busy(self, device: DeviceSample, now: datetime) -> bool:
         if device.utilization_percent is not None:
-            if device.utilization_percent >= busy_utilization_percent:
-                return True
-        elif device.compute_processes:
-            return True
-    return False
+            return device.utilization_percent >= self.busy_utilization_percent
+        memory = device.memory_used_bytes
+        held = self._held.get(device.uuid)
+        if held is None:
+            held = self._held[device.uuid] = _Held(device.footprint, memory, memory, None)
+            if device.compute_processes:
+                held.changed_at = now  # listed at start: busy until it proves steady
+        elif device.footprint != held.footprint or memory != held.memory:
+            held.footprint, held.memory, held.changed_at = device.footprint, memory, now
+        if memory is not None:
+            held.floor = memory if held.floor is None else min(held.floor, memory)
+        if device.compute_processes is not None:
+            holds = device.compute_processes > 0
+        else:
+            holds = memory is not None and held.floor is not None and memory > held.floor
+        return holds and held.changed_at is not None and now - held.changed_at < self.steady_idle
 
 
 def history_point(at: datetime, devices: list[DeviceSample], busy: bool) -> dict[str, Any]:
     """One point of the history plot: all the server's devices together."""
     utilizations = [d.utilization_percent for d in devices if d.utilization_percent is not None]
     processes = [d.compute_processes for d in devices if d.compute_processes is not None]
+    used = [d.memory_used_bytes for d in devices if d.memory_used_bytes is not None]
+    total = [d.memory_total_bytes for d in devices if d.memory_total_bytes is not None]
     return {
         "at": at.isoformat(),
         "utilization_percent": round(sum(utilizations) / len(utilizations))
         if utilizations
         else None,
-        "memory_used_bytes": sum(d.memory_used_bytes for d in devices),
-        "memory_total_bytes": sum(d.memory_total_bytes for d in devices),
+        "memory_used_bytes": sum(used) if used else None,
+        "memory_total_bytes": sum(total) if total else None,
         "compute_processes": sum(processes) if processes else None,
         "busy": busy,
     }
@@ -72,12 +117,14 @@ class Sampler:
         busy_utilization_percent: int,
         settings: dict[str, Any],
         log: logging.Logger,
+        steady_idle_seconds: float = 600.0,
     ) -> None:
         self.reader = reader
         self.simulated = simulated
         self.interval_seconds = interval_seconds
         self.history_seconds = history_seconds
         self.busy_utilization_percent = busy_utilization_percent
+        self.rule = BusyRule(busy_utilization_percent, steady_idle_seconds)
         self.settings = settings
         self.log = log
         self.history: deque[dict[str, Any]] = deque(
@@ -92,6 +139,8 @@ class Sampler:
             self.message = NO_GPU_MESSAGE
         else:
             self.message = None
+        self._errors: dict[str, str | None] = {}  # each device's last error, logged once
+        self._failure: str | None = None  # the last unexpected failure, logged once
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="gputap-gpu")
         self._task: asyncio.Task[None] | None = None
 
@@ -118,7 +167,8 @@ class Sampler:
             self.log.info("gputap: reading the GPU again")
         self.message = None
         now = utcnow()
-        busy = is_busy(devices, self.busy_utilization_percent)
+        self._log_device_errors(devices)
+        busy = self.rule(devices, now)
         if busy != self.busy:
             self.log.info("gputap: GPU %s", "busy" if busy else "idle")
         self.devices, self.busy, self.sampled_at = devices, busy, now
@@ -126,13 +176,31 @@ class Sampler:
         if busy:
             self.settings[ACTIVITY_KEY] = now
 
+    def _log_device_errors(self, devices: list[DeviceSample]) -> None:
+        """One line when a device starts failing, changes why, or reads again."""
+        for device in devices:
+            before = self._errors.get(device.uuid)
+            if device.error != before:
+                if device.error:
+                    self.log.warning("gputap: GPU %s: %s", device.uuid, device.error)
+                else:
+                    self.log.info("gputap: GPU %s reads again", device.uuid)
+                self._errors[device.uuid] = device.error
+
     async def _run(self) -> None:
         while True:
             try:
                 await self.sample_once()
-            except Exception:
-                # one broken sample must not end sampling (and GPU-aware idling) for good
-                self.log.exception("gputap: sampling the GPU failed")
+                self._failure = None
+            except Exception as e:
+                # one broken sample must not end sampling (and GPU-aware idling) for good,
+                # nor fill the log: the same failure is logged once
+                failure = f"{type(e).__name__}: {e}"
+                if failure != self._failure:
+                    self.log.exception("gputap: sampling the GPU failed")
+                self._failure = failure
+                self.message = f"reading the GPU failed ({failure})"
+                self.devices, self.busy = [], False
             await asyncio.sleep(self.interval_seconds)
 
     def start(self) -> None:
