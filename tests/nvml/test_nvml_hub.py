@@ -75,7 +75,22 @@ def test_a_failing_gpu_is_left_out_the_rest_serves_and_it_comes_back_when_health
     platform.wait_ready("kim")
     assert platform.server_env("kim")["CUDA_VISIBLE_DEVICES"] == FAILING
     assert f"new {FAILING}, gone none" in platform.log_tail(400)
-    for name in ("ida", "jon", "kim"):
+
+    # ida's GPU falls off the bus: it is never offered again, her server stops normally
+    lost = MACHINE.replace(f"{GOOD}|143771|off", f"{GOOD}|143771|lost")
+    write_machine(machine, DEVICES=lost)
+    time.sleep(0.6)
+    platform.stop_server("kim")
+    platform.stop_server("ida")
+    r = platform.spawn("ida", H200)
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("ida")
+    assert platform.server_env("ida")["CUDA_VISIBLE_DEVICES"] == FAILING
+    r = platform.spawn("kim", H200)
+    assert r.status_code == 409, r.text
+    assert "(0 of 1 free)" in r.json()["message"], r.text
+    assert f"gone {GOOD}" in platform.log_tail(400)
+    for name in ("ida", "jon"):
         platform.stop_server(name)
 
 
