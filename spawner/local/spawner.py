@@ -41,6 +41,7 @@ _pool_lock = asyncio.Lock()
 _read_at: dict[tuple[str, str], float] = {}
 # cards of the GPUs NVML found that the catalog does not know, by SKU
 _discovered: dict[str, Card] = {}
+_with_discovered: dict[tuple[int, tuple[str, ...]], Catalog] = {}
 # claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
 _pending_claims: dict[str, list[str]] = {}
 
@@ -271,7 +272,13 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """The settings' catalog plus the cards of GPUs it does not know (unpriced until an
         operator prices them)."""
         base = super().catalog
-        return base.with_cards(_discovered.values()) if _discovered else base
+        if not _discovered:
+            return base
+        key = (id(base), tuple(sorted(_discovered)))
+        if key not in _with_discovered:
+            _with_discovered.clear()  # one reading's cards at a time
+            _with_discovered[key] = base.with_cards(_discovered.values())
+        return _with_discovered[key]
 
     def queue_view(self) -> FreeView:
         pool = _pools.get(self._pool_key)
