@@ -12,7 +12,7 @@ LAB_SOURCES := $(wildcard $(LAB)/src/*.ts $(LAB)/style/*) $(LAB)/package.json $(
 LAB_BUILT := $(LAB)/gputap_lab/labextension/package.json
 LAB_STAMP := $(VENV)/.gputap-lab-installed
 
-.PHONY: setup demo test lint format bench screenshots system-packages clean
+.PHONY: setup demo test lint format bench gpu-check screenshots system-packages clean
 
 setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP)
 
@@ -83,6 +83,11 @@ test: setup system-packages lint
 	wait $$long; long_rc=$$?; \
 	echo "--- long tests (-m long) ---"; cat .pytest-long.log; \
 	test $$rest -eq 0 -a $$long_rc -eq 0
+
+# what NVML reports, what gputap offers for it, and whether servers and the idle rule see the
+# GPUs right: run it on a GPU machine (README, "On a GPU machine")
+gpu-check: setup
+	$(PY) bench/gpu_check.py
 
 bench: setup
 	$(PY) bench/placement.py

@@ -197,6 +197,8 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
         "JUPYTER_CONFIG_PATH": os.pathsep.join(p for p in config_path if p),
     }
     c.GPULocalSpawner.inventory = spawner["inventory"]
+    c.GPULocalSpawner.exclude_gpus = spawner["exclude_gpus"]
+    c.GPULocalSpawner.inventory_refresh_seconds = spawner["inventory_refresh_seconds"]
     if spawner["inventory_file"]:
         c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
     c.GPULocalSpawner.homes_root = spawner["homes_root"]

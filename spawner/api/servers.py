@@ -59,7 +59,7 @@ def choice_view(
         "label": o.label,
         "kind": o.kind,
         "memory_gb": o.memory_gb,
-        "fp16_tflops": o.fp16_tflops,
+        "fp16_tflops": o.fp16_tflops if o.known else None,  # None: a GPU of unknown speed
         "free": choice.free,
         "total": choice.total,
         "max_count": choice.max_count,

@@ -47,9 +47,10 @@ def _value(choice: Choice) -> str:
 def _what(offering: Offering) -> str:
     if offering.kind == "cpu":
         return "no GPU"
-    if offering.kind == "shared":
-        return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS, shared"
-    return f"{offering.memory_gb:g} GB · {offering.fp16_tflops:g} FP16 TFLOPS"
+    # a card the catalog does not know: its memory is what NVML says, its speed unknown
+    speed = f"{offering.fp16_tflops:g} FP16 TFLOPS" if offering.known else "TFLOPS unknown"
+    shared = ", shared" if offering.kind == "shared" else ""
+    return f"{offering.memory_gb:g} GB · {speed}{shared}"
 
 
 def _choice_id(value: str) -> str:

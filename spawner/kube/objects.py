@@ -106,7 +106,7 @@ def gpu_pod_settings(
     share = 1.0
     if offering.kind == "slice":
         labels[keys.SLICE] = offering.profile
-        share = card.profile(offering.profile).compute_slices / 7
+        share = card.profile(offering.profile).compute_slices / card.mig_slices
     elif offering.kind == "shared":
         labels[keys.SLICE] = "shared"
         share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory

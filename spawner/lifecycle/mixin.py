@@ -240,6 +240,10 @@ class GPUSpawnerMixin(LoggingConfigurable):
             raise RequestError("spot (interruptible) servers need the Kubernetes backend")
         return options
 
+    async def discover(self) -> None:
+        """Learn what the backend holds before options are checked: the local backend's GPUs
+        that the catalog does not know join it. Nothing by default."""
+
     def validated_options(self) -> ServerOptions:
         """The options ``apply_user_options`` validated; 400 saying what is wrong otherwise."""
         if self.server_options is None and self.options_error is None:
@@ -271,6 +275,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     async def _start_placed(self):
         # not `_start`: KubeSpawner.start calls its own `_start`, which this would shadow
+        await self.discover()
         options = self.validated_options()
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"

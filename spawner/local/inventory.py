@@ -17,10 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pynvml
 import yaml
 
-from ..core.catalog import MIG_FULL_SLICES, Catalog, offering_key
+from ..core.catalog import Card, Catalog, discovered_card, offering_key
 from ..core.placement import FreeView, Placement
+from . import nvml
 
 log = logging.getLogger(__name__)
 
@@ -42,92 +44,133 @@ class Device:
     gpu_index: int
     memory_mib: int
     simulated: bool = False
+    #: False for a GPU the catalog does not know: its card is ``discovered_card(product, …)``
+    known: bool = True
+    #: the name NVML gives the GPU ("" for simulated cards)
+    product: str = ""
 
     @property
     def key(self) -> str:
         return offering_key(self.card, self.profile)
 
 
-def nvml_devices(catalog: Catalog) -> list[Device]:
-    """Whole GPUs (MIG off) and MIG devices (MIG on) from NVML. Blocking."""
-    import pynvml
+def nvml_devices(catalog: Catalog, exclude: Iterable[str] = ()) -> list[Device]:
+    """Whole GPUs (MIG off) and MIG devices (MIG on) from NVML. Blocking.
 
+    Each GPU is read on its own: one that fails any call is left out with a warning and the
+    rest of the machine is served. ``exclude`` keeps GPUs (UUID or index) or MIG devices
+    (UUID) out of gputap. Raises :class:`InventoryUnavailable` only when NVML cannot be used
+    or counts no GPU at all; GPUs it counts but cannot serve give an empty list, never
+    simulated cards."""
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        raise InventoryUnavailable(f"NVML unavailable: {e}") from None
+        with nvml.session():
+            count = pynvml.nvmlDeviceGetCount()
+            if count == 0:
+                raise InventoryUnavailable("NVML found no GPU")
+            kept_out = set(exclude)
+            devices: list[Device] = []
+            for index in range(count):
+                devices += _gpu_devices(index, catalog, kept_out)
+    except nvml.Unavailable as e:
+        raise InventoryUnavailable(str(e)) from None
+    for entry in sorted(kept_out):
+        log.warning("spawner.exclude_gpus: %s is no GPU or MIG device here", entry)
+    if not devices:
+        log.warning("NVML found %d GPU(s) but none gputap can serve: CPU-only servers only", count)
+    return devices
+
+
+def _gpu_devices(index: int, catalog: Catalog, kept_out: set[str]) -> list[Device]:
+    """The devices of GPU ``index``; [] with a warning when any call for it fails.
+    Removes from ``kept_out`` the entries that named it or its MIG devices."""
+    where = f"GPU {index}"
     try:
-        devices: list[Device] = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except pynvml.NVMLError as e:
-                # NVML still counts a GPU that fell off the bus or that we may not open;
-                # the others on the machine stay usable.
-                log.warning("GPU %d: %s; skipped", index, e)
-                continue
-            name = _text(pynvml.nvmlDeviceGetName(handle))
-            card = catalog.card_for_product(name)
-            if card is None:
-                log.warning("GPU %d (%s) is not in the catalog; add it to use it", index, name)
-                continue
-            try:
-                mig_on = pynvml.nvmlDeviceGetMigMode(handle)[0] == pynvml.NVML_DEVICE_MIG_ENABLE
-            except pynvml.NVMLError:
-                mig_on = False
-            if not mig_on:
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
-                devices.append(
-                    Device(_text(pynvml.nvmlDeviceGetUUID(handle)), card.sku, None, index, memory)
-                )
-                continue
-            for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                try:
-                    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-                except pynvml.NVMLError:
-                    continue
-                match = _MIG_NAME_RE.search(_text(pynvml.nvmlDeviceGetName(mig)))
-                if not match or card.profile(match[1]) is None:
-                    log.warning("MIG device %d/%d has an unknown profile; skipped", index, slot)
-                    continue
-                memory = pynvml.nvmlDeviceGetMemoryInfo(mig).total // 2**20
-                mig_uuid = _text(pynvml.nvmlDeviceGetUUID(mig))
-                devices.append(Device(mig_uuid, card.sku, match[1], index, memory))
-        if not devices:
-            raise InventoryUnavailable("NVML found no GPU that the catalog knows")
-        return devices
-    finally:
-        pynvml.nvmlShutdown()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        gpu_uuid = nvml.text(pynvml.nvmlDeviceGetUUID(handle))
+        where = f"GPU {index} ({gpu_uuid})"
+        named = {str(index), gpu_uuid} & kept_out
+        if named:
+            kept_out -= named
+            log.info("%s kept out of gputap by spawner.exclude_gpus", where)
+            return []
+        name = nvml.text(pynvml.nvmlDeviceGetName(handle))
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // 2**20
+        modes = nvml.mig_modes(handle)
+        if modes is not None and modes[0] != modes[1]:
+            log.warning(
+                "%s: MIG mode %s now, %s after the next GPU reset; serving it as it is now",
+                where,
+                *("on" if m else "off" for m in modes),
+            )
+        card = _card(catalog, name, memory, where)
+        if modes is None or not modes[0]:
+            return [Device(gpu_uuid, card.sku, None, index, memory, known=card.known, product=name)]
+        if not card.known:
+            log.warning("%s: MIG devices of a card the catalog does not know are left out", where)
+            return []
+        return _mig_devices(handle, index, card, where, kept_out)
+    except nvml.DEVICE_ERRORS as e:
+        # NVML still counts a GPU that fell off the bus or that we may not open
+        log.warning("%s: %s; left out, the other GPUs are served", where, e)
+        return []
+
+
+def _card(catalog: Catalog, name: str, memory_mib: int, where: str) -> Card:
+    card = catalog.card_for_product(name)
+    if card is not None:
+        return card
+    card = discovered_card(name, memory_mib)
+    log.warning(
+        "%s: %s is not in the catalog: offered as %s (%g GB, TFLOPS unknown), unpriced until "
+        "billing.prices prices %s; catalog.cards.%s can give its facts",
+        where,
+        name,
+        card.sku,
+        card.memory_gb,
+        card.sku,
+        card.sku,
+    )
+    return card
+
+
+def _mig_devices(handle, index: int, card: Card, where: str, kept_out: set[str]) -> list[Device]:
+    devices = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:
+            continue  # an empty slot
+        mig_uuid = nvml.text(pynvml.nvmlDeviceGetUUID(mig))
+        if mig_uuid in kept_out:
+            kept_out.discard(mig_uuid)
+            log.info("%s: MIG device %s kept out by spawner.exclude_gpus", where, mig_uuid)
+            continue
+        match = _MIG_NAME_RE.search(nvml.text(pynvml.nvmlDeviceGetName(mig)))
+        if not match or card.profile(match[1]) is None:
+            log.warning("%s: MIG device %s has an unknown profile; left out", where, mig_uuid)
+            continue
+        memory = pynvml.nvmlDeviceGetMemoryInfo(mig).total // 2**20
+        devices.append(Device(mig_uuid, card.sku, match[1], index, memory, product=card.name))
+    return devices
 
 
 def nvml_busy(uuids: Iterable[str]) -> dict[str, list[int]]:
     """The devices among ``uuids`` that NVML sees compute processes on: UUID -> their pids.
     Blocking. A device NVML cannot answer for counts as idle (it was listed at start)."""
-    import pynvml
-
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        log.warning("NVML unavailable, devices not checked for processes: %s", e)
-        return {}
     busy: dict[str, list[int]] = {}
     try:
-        for device_uuid in uuids:
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid)
-                processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except pynvml.NVMLError as e:
-                log.warning("device %s not checked for processes: %s", device_uuid, e)
-                continue
-            if processes:
-                busy[device_uuid] = sorted(p.pid for p in processes)
-    finally:
-        pynvml.nvmlShutdown()
+        with nvml.session():
+            for device_uuid in uuids:
+                try:
+                    pids = nvml.compute_pids(pynvml.nvmlDeviceGetHandleByUUID(device_uuid))
+                except nvml.DEVICE_ERRORS as e:
+                    log.warning("device %s not checked for processes: %s", device_uuid, e)
+                    continue
+                if pids:
+                    busy[device_uuid] = pids
+    except nvml.Unavailable as e:
+        log.warning("%s: devices not checked for processes", e)
     return busy
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
@@ -157,8 +200,10 @@ def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
                     f"{path}: GPU {index}: at most {profile.max_instances}× {name}, not {n}"
                 )
             used += profile.compute_slices * n
-        if used > MIG_FULL_SLICES:
-            raise ValueError(f"{path}: GPU {index}: MIG slices need {used} of 7 compute slices")
+        if used > card.mig_slices:
+            raise ValueError(
+                f"{path}: GPU {index}: MIG slices need {used} of {card.mig_slices} compute slices"
+            )
         for slot, name in enumerate(profiles):
             mig_uuid = "MIG-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}/{slot}"))
             memory = card.profile(name).memory_gb * 1024
@@ -166,11 +211,14 @@ def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
     return devices
 
 
-def load_local_devices(mode: str, inventory_file: str | Path, catalog: Catalog) -> list[Device]:
-    """``mode`` auto: NVML when it sees GPUs, else the simulated file; nvml; or file."""
+def load_local_devices(
+    mode: str, inventory_file: str | Path, catalog: Catalog, exclude: Iterable[str] = ()
+) -> list[Device]:
+    """``mode`` auto: NVML when it can be used and counts a GPU, else the simulated file;
+    nvml; or file. ``exclude``: GPUs kept out of gputap (see :func:`nvml_devices`)."""
     if mode in ("auto", "nvml"):
         try:
-            return nvml_devices(catalog)
+            return nvml_devices(catalog, exclude)
         except InventoryUnavailable as e:
             if mode == "nvml":
                 raise
@@ -194,6 +242,16 @@ class DevicePool:
     @property
     def simulated(self) -> bool:
         return any(d.simulated for d in self.devices.values())
+
+    def update(self, devices: Iterable[Device]) -> tuple[list[str], list[str]]:
+        """Take a new reading of the machine: (UUIDs added, UUIDs gone). A device that is
+        gone is never offered again; a server holding it keeps it until it releases it."""
+        new = {d.uuid: d for d in devices}
+        added = [u for u in new if u not in self.devices]
+        gone = [u for u in self.devices if u not in new]
+        self.devices = new
+        self.busy = {u: pids for u, pids in self.busy.items() if u in new}
+        return added, gone
 
     def unheld(self) -> list[str]:
         """UUIDs no server holds."""

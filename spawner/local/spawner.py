@@ -20,15 +20,16 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Bool, Unicode, default
+from traitlets import Bool, Float, List, Unicode, default
 
+from ..core.catalog import Card, Catalog, discovered_card
 from ..core.dirnames import safe_dirname
 from ..core.disks import HOME_FOLDER
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import LocalDiskStore, link_disks
-from .inventory import DevicePool, load_local_devices, nvml_busy
+from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
 
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
@@ -36,6 +37,11 @@ DEFAULT_INVENTORY_FILE = (
 
 _pools: dict[tuple[str, str], DevicePool] = {}
 _pool_lock = asyncio.Lock()
+# when each NVML pool was last read (monotonic seconds)
+_read_at: dict[tuple[str, str], float] = {}
+# cards of the GPUs NVML found that the catalog does not know, by SKU
+_discovered: dict[str, Card] = {}
+_with_discovered: dict[tuple[int, tuple[str, ...]], Catalog] = {}
 # claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
 _pending_claims: dict[str, list[str]] = {}
 
@@ -59,6 +65,26 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         help="""YAML file of simulated cards, used on machines without GPUs.
 
         c.GPULocalSpawner.inventory_file = "/etc/gputap/simulated-inventory.yaml"
+        """,
+    )
+
+    exclude_gpus = List(
+        Unicode(),
+        config=True,
+        help="""GPUs kept out of gputap, by UUID (GPU-… or MIG-…) or NVML index: the
+        display GPU of a workstation, one kept for the owner. A GPU's MIG devices go with it.
+
+        c.GPULocalSpawner.exclude_gpus = ["0", "GPU-5e1c…"]
+        """,
+    )
+
+    inventory_refresh_seconds = Float(
+        10.0,
+        config=True,
+        help="""NVML's GPUs are read again before a start or a change when the last reading is
+        older than this: a MIG reconfiguration, a GPU lost or back, is seen without a restart.
+
+        c.GPULocalSpawner.inventory_refresh_seconds = 10
         """,
     )
 
@@ -165,14 +191,12 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         return (self.inventory, self.inventory_file)
 
     async def pool(self) -> DevicePool:
-        """This machine's devices, read once per hub (in an executor: NVML blocks)."""
+        """This machine's devices, read on first use (in an executor: NVML blocks) and, for
+        real GPUs, again by :meth:`reread`."""
         key = self._pool_key
         async with _pool_lock:
             if key not in _pools:
-                loop = asyncio.get_running_loop()
-                devices = await loop.run_in_executor(
-                    None, load_local_devices, self.inventory, self.inventory_file, self.catalog
-                )
+                devices = await self._read_devices()
                 pool = DevicePool(devices, self.node_name)
                 for holder, uuids in _pending_claims.items():
                     for device_uuid in pool.claim(uuids, holder):
@@ -182,6 +206,79 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 kind = "simulated" if pool.simulated else "NVML"
                 self.log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
             return _pools[key]
+
+    async def reread(self, pool: DevicePool) -> None:
+        """Read NVML's GPUs again when the last reading is older than
+        ``inventory_refresh_seconds`` (one reading for any number of spawns asking)."""
+        key = self._pool_key
+
+        def fresh() -> bool:
+            return time.monotonic() - _read_at.get(key, 0) < self.inventory_refresh_seconds
+
+        if pool.simulated or fresh():
+            return
+        async with _pool_lock:
+            if fresh():
+                return
+            try:
+                devices = await self._read_devices()
+            except InventoryUnavailable as e:
+                self.log.warning("GPU inventory not read again (%s): keeping the last reading", e)
+                _read_at[key] = time.monotonic()
+                return
+            added, gone = pool.update(devices)
+            if added or gone:
+                self.log.warning(
+                    "GPU inventory of %s changed: %d devices, new %s, gone %s",
+                    pool.node,
+                    len(devices),
+                    ",".join(added) or "none",
+                    ",".join(gone) or "none",
+                )
+
+    async def _read_devices(self) -> list[Device]:
+        loop = asyncio.get_running_loop()
+        devices = await loop.run_in_executor(
+            None,
+            load_local_devices,
+            self.inventory,
+            self.inventory_file,
+            self.settings_catalog,
+            self.exclude_gpus,
+        )
+        _read_at[self._pool_key] = time.monotonic()
+        _discovered.clear()
+        _discovered.update(
+            (d.card, discovered_card(d.product, d.memory_mib)) for d in devices if not d.known
+        )
+        return devices
+
+    async def discover(self) -> None:
+        """Read the GPUs before options are checked: a card NVML found that the catalog does
+        not know may be what they ask for (options checked before the first reading are
+        checked again)."""
+        before = set(_discovered)
+        await self.pool()
+        if set(_discovered) != before and self.options_error is not None:
+            self.server_options = self.options_error = None
+
+    @property
+    def settings_catalog(self) -> Catalog:
+        """The catalog of the settings alone, without the GPUs NVML found that it lacks."""
+        return super().catalog
+
+    @property
+    def catalog(self) -> Catalog:
+        """The settings' catalog plus the cards of GPUs it does not know (unpriced until an
+        operator prices them)."""
+        base = super().catalog
+        if not _discovered:
+            return base
+        key = (id(base), tuple(sorted(_discovered)))
+        if key not in _with_discovered:
+            _with_discovered.clear()  # one reading's cards at a time
+            _with_discovered[key] = base.with_cards(_discovered.values())
+        return _with_discovered[key]
 
     def queue_view(self) -> FreeView:
         pool = _pools.get(self._pool_key)
@@ -193,6 +290,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
         pool = await self.pool()
+        await self.reread(pool)
         return pool.free_view(as_free=self.who), pool.simulated
 
     # -- process environment --------------------------------------------------------------
@@ -243,6 +341,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
         pool = await self.pool()
+        await self.reread(pool)
         await self._check_processes(pool)
         return pool.free_view, pool.free_view()
 

@@ -28,16 +28,19 @@ READ_INVENTORY = textwrap.dedent(
     """
     import dataclasses, json, logging, sys
     from spawner.core.catalog import Catalog
-    from spawner.local.inventory import load_local_devices, nvml_devices
+    from spawner.local.inventory import load_local_devices, nvml_busy, nvml_devices
     from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    mode = sys.argv[1]
+    mode, exclude = sys.argv[1], json.loads(sys.argv[2])
     try:
         if mode == "nvml_devices":
-            devices = nvml_devices(Catalog.load())
+            devices = nvml_devices(Catalog.load(), exclude)
+        elif mode == "nvml_busy":
+            print(json.dumps({"busy": nvml_busy(exclude)}))
+            sys.exit(0)
         else:
-            devices = load_local_devices(mode, DEFAULT_INVENTORY_FILE, Catalog.load())
+            devices = load_local_devices(mode, DEFAULT_INVENTORY_FILE, Catalog.load(), exclude)
     except Exception as e:
         print(json.dumps({"error": type(e).__name__, "message": str(e)}))
     else:
@@ -52,6 +55,7 @@ class Reading:
     error: str | None
     message: str | None
     log: str
+    busy: dict[str, list[int]] | None = None
 
 
 def build_fake(out: Path, *flags: str) -> Path:
@@ -95,7 +99,8 @@ def read_inventory(fake_nvml_dir):
     ``mode`` is ``nvml_devices`` (call it directly) or a ``load_local_devices`` mode with the
     shipped simulated inventory as its file. ``devices`` and ``fail`` become
     ``FAKE_NVML_DEVICES`` and ``FAKE_NVML_FAIL``, other keywords ``FAKE_NVML_<KEY>`` (see
-    fake_nvml.c); ``library`` is another build's folder (``fake_nvml_old_dir``).
+    fake_nvml.c); ``library`` is another build's folder (``fake_nvml_old_dir``); ``exclude``
+    the GPUs kept out, or, with mode ``nvml_busy``, the UUIDs to check for processes.
     """
 
     def read(
@@ -103,6 +108,7 @@ def read_inventory(fake_nvml_dir):
         devices: str | None = None,
         fail: str | None = None,
         library: Path | None = None,
+        exclude: list[str] | None = None,
         **fake: str,
     ) -> Reading:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
@@ -115,7 +121,7 @@ def read_inventory(fake_nvml_dir):
         for key, value in fake.items():  # use=, fail_calls=, privileged=
             env[f"FAKE_NVML_{key.upper()}"] = value
         child = subprocess.run(
-            [sys.executable, "-c", READ_INVENTORY, mode],
+            [sys.executable, "-c", READ_INVENTORY, mode, json.dumps(exclude or [])],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -130,6 +136,7 @@ def read_inventory(fake_nvml_dir):
             answer.get("error"),
             answer.get("message"),
             child.stderr,
+            answer.get("busy"),
         )
 
     return read

@@ -19,7 +19,9 @@ A100_MIG = f"""
     @3|NVIDIA A100-SXM4-80GB MIG 1g.10gb|{MIG_1G_A_UUID}|9984;
     @5|NVIDIA A100-SXM4-80GB MIG 1g.10gb|{MIG_1G_B_UUID}|9984
 """
-MATROX = "Matrox G200|GPU-00000000-0000-0000-0000-000000000001|16|none"
+UNKNOWN_UUID = "GPU-00000000-0000-0000-0000-000000000001"
+UNKNOWN = f"NVIDIA RTX PRO 6000 Blackwell Server Edition|{UNKNOWN_UUID}|97887|none"
+UNKNOWN_SKU = "RTX-PRO-6000-Blackwell-Server-Edition"
 
 PRICES = {"H200-141GB": 9_000_000, "A100-80GB/1g.10gb": 900_000, "A100-80GB/3g.40gb": 3_000_000}
 
@@ -50,11 +52,19 @@ def test_a_mig_enabled_card_lists_its_mig_devices_not_itself(read_inventory):
     assert not any(d.simulated for d in reading.devices)
 
 
-def test_a_card_the_catalog_does_not_know_is_skipped_with_a_warning(read_inventory):
-    reading = read_inventory("nvml_devices", devices=f"{MATROX};{H200}")
+def test_a_gpu_the_catalog_does_not_know_is_offered_as_nvml_names_it(read_inventory):
+    reading = read_inventory("nvml_devices", devices=f"{UNKNOWN};{H200}")
     assert reading.error is None, reading.message
-    assert [(d.uuid, d.gpu_index) for d in reading.devices] == [(H200_UUID, 1)]
-    assert "GPU 0 (Matrox G200) is not in the catalog" in reading.log
+    assert [(d.uuid, d.card, d.gpu_index, d.memory_mib, d.known) for d in reading.devices] == [
+        (UNKNOWN_UUID, UNKNOWN_SKU, 0, 97887, False),
+        (H200_UUID, "H200-141GB", 1, 143771, True),
+    ]
+    assert reading.devices[0].product == "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    assert (
+        f"GPU 0 ({UNKNOWN_UUID}): NVIDIA RTX PRO 6000 Blackwell Server Edition is not in the "
+        f"catalog: offered as {UNKNOWN_SKU}"
+    ) in reading.log
+    assert f"unpriced until billing.prices prices {UNKNOWN_SKU}" in reading.log
 
 
 def test_a_gpu_nvml_cannot_reach_is_skipped_and_the_others_are_listed(read_inventory):
@@ -62,13 +72,19 @@ def test_a_gpu_nvml_cannot_reach_is_skipped_and_the_others_are_listed(read_inven
     reading = read_inventory("auto", devices=f"{lost};{H200}")
     assert reading.error is None, reading.message
     assert [(d.uuid, d.gpu_index, d.simulated) for d in reading.devices] == [(H200_UUID, 1, False)]
-    assert "GPU 0: GPU is lost; skipped" in reading.log
+    assert "GPU 0: GPU is lost; left out, the other GPUs are served" in reading.log
 
 
-def test_only_unknown_cards_means_no_nvml_inventory(read_inventory):
-    reading = read_inventory("nvml", devices=MATROX)
-    assert reading.error == "InventoryUnavailable"
-    assert "no GPU that the catalog knows" in reading.message
+def test_only_unknown_gpus_are_served_as_they_are_never_replaced_by_simulated_cards(
+    read_inventory,
+):
+    for mode in ("nvml", "auto"):
+        reading = read_inventory(mode, devices=UNKNOWN)
+        assert reading.error is None, reading.message
+        assert [(d.uuid, d.card, d.simulated) for d in reading.devices] == [
+            (UNKNOWN_UUID, UNKNOWN_SKU, False)
+        ]
+        assert "simulated" not in reading.log
 
 
 def simulated_uuids() -> list[str]:
@@ -88,7 +104,7 @@ def test_auto_uses_the_simulated_file_when_nvml_sees_no_gpu(read_inventory):
         reading = read_inventory("auto", devices=devices)
         assert reading.error is None, reading.message
         assert [d.uuid for d in reading.devices] == simulated_uuids()
-        assert "NVML found no GPU that the catalog knows; using simulated" in reading.log
+        assert "INFO NVML found no GPU; using simulated inventory" in reading.log
 
 
 def test_nvml_mode_refuses_without_a_driver_and_says_why(read_inventory):
@@ -107,7 +123,7 @@ def test_nvml_mode_refuses_when_nvml_sees_no_gpu(read_inventory):
 
 def test_a_pool_from_nvml_hands_out_the_real_uuids(read_inventory):
     catalog = Catalog.load()
-    reading = read_inventory("auto", devices=f"{H200};{A100_MIG};{MATROX}")
+    reading = read_inventory("auto", devices=f"{H200};{A100_MIG};{UNKNOWN}")
     assert reading.error is None, reading.message
     pool = DevicePool(reading.devices, "gpu-node-1")
     assert not pool.simulated
@@ -129,3 +145,101 @@ def test_a_pool_from_nvml_hands_out_the_real_uuids(read_inventory):
     assert not isinstance(refusal, Placement)
     assert "3g.40gb" in refusal.message
     assert pool.release("alice/default") == first
+
+
+# -- real machines: failing devices, old drivers, pending MIG modes, GPUs kept out ----------
+
+H200_B_UUID = "GPU-2b3c4d5e-6f70-4182-93a4-b5c6d7e8f901"
+H200_B = f"NVIDIA H200|{H200_B_UUID}|143771|off"
+
+
+def test_a_gpu_failing_any_later_call_is_left_out_and_the_rest_served(read_inventory):
+    for call, code in (
+        ("nvmlDeviceGetName", "UNKNOWN"),
+        ("nvmlDeviceGetMemoryInfo", "GPU_IS_LOST"),
+        ("nvmlDeviceGetMigMode", "NO_PERMISSION"),
+        ("nvmlDeviceGetUUID", "GPU_IS_LOST"),
+    ):
+        reading = read_inventory(
+            "auto", devices=f"{H200};{H200_B}", fail_calls=f"{call}@{H200_UUID}={code}"
+        )
+        assert reading.error is None, (call, reading.message)
+        assert [(d.uuid, d.gpu_index, d.simulated) for d in reading.devices] == [
+            (H200_B_UUID, 1, False)
+        ], call
+        assert "GPU 0" in reading.log and "left out, the other GPUs are served" in reading.log
+
+
+def test_a_failing_mig_device_leaves_out_its_gpu_not_the_machine(read_inventory):
+    reading = read_inventory(
+        "nvml_devices",
+        devices=f"{H200};{A100_MIG}",
+        fail_calls=f"nvmlDeviceGetMemoryInfo@{MIG_1G_B_UUID}=UNKNOWN",
+    )
+    assert reading.error is None, reading.message
+    assert [d.uuid for d in reading.devices] == [H200_UUID]
+    assert f"GPU 1 ({A100_UUID}): Unknown Error; left out" in reading.log
+
+
+def test_every_gpu_failing_gives_no_gpu_and_no_simulated_cards(read_inventory):
+    reading = read_inventory("auto", devices=H200, fail_calls=f"*@{H200_UUID}=GPU_IS_LOST")
+    assert reading.error is None, reading.message
+    assert reading.devices == []
+    assert "NVML found 1 GPU(s) but none gputap can serve" in reading.log
+
+
+def test_an_old_driver_without_the_v3_call_and_its_names_and_mig_uuids(
+    read_inventory, fake_nvml_old_dir
+):
+    reading = read_inventory(
+        "nvml_devices", devices=f"{H200};{A100_MIG}", library=fake_nvml_old_dir
+    )
+    assert reading.error is None, reading.message
+    assert [(d.uuid, d.key) for d in reading.devices] == [
+        (H200_UUID, "H200-141GB"),
+        # R460 names MIG devices MIG-GPU-<parent>/<GPU instance>/<compute instance>
+        (f"MIG-{A100_UUID}/1/0", "A100-80GB/3g.40gb"),
+        (f"MIG-{A100_UUID}/7/0", "A100-80GB/1g.10gb"),
+        (f"MIG-{A100_UUID}/8/0", "A100-80GB/1g.10gb"),
+    ]
+    # the busy check lists processes through _v2 there
+    busy = read_inventory(
+        "nvml_busy",
+        devices=H200,
+        use=f"{H200_UUID}|0|2000|2",
+        library=fake_nvml_old_dir,
+        exclude=[H200_UUID],
+    )
+    assert busy.error is None, busy.message
+    assert busy.busy == {H200_UUID: [4000, 4001]}
+
+
+def test_a_pending_mig_mode_is_reported_and_the_current_one_served(read_inventory):
+    a100_going_off = A100_MIG.replace("|81920|on;", "|81920|on>off;")
+    reading = read_inventory("nvml_devices", devices=f"{H200};{a100_going_off}")
+    assert reading.error is None, reading.message
+    assert [d.profile for d in reading.devices if d.gpu_index == 1] == [
+        "3g.40gb",
+        "1g.10gb",
+        "1g.10gb",
+    ]
+    assert f"GPU 1 ({A100_UUID}): MIG mode on now, off after the next GPU reset" in reading.log
+    # MIG about to be switched on: still a whole GPU until the reset
+    h200_going_on = H200.replace("|off", "|off>on")
+    reading = read_inventory("nvml_devices", devices=h200_going_on)
+    assert [(d.uuid, d.profile) for d in reading.devices] == [(H200_UUID, None)]
+    assert "MIG mode off now, on after the next GPU reset" in reading.log
+
+
+def test_chosen_gpus_are_kept_out_by_index_or_uuid(read_inventory):
+    machine = f"{H200};{A100_MIG};{H200_B}"
+    reading = read_inventory("nvml_devices", devices=machine, exclude=["0", MIG_1G_A_UUID])
+    assert reading.error is None, reading.message
+    assert [d.uuid for d in reading.devices] == [MIG_3G_UUID, MIG_1G_B_UUID, H200_B_UUID]
+    assert f"GPU 0 ({H200_UUID}) kept out of gputap by spawner.exclude_gpus" in reading.log
+
+    reading = read_inventory("auto", devices=machine, exclude=[A100_UUID, "7", "GPU-nothere"])
+    assert [d.uuid for d in reading.devices] == [H200_UUID, H200_B_UUID]
+    assert "spawner.exclude_gpus: 7 is no GPU or MIG device here" in reading.log
+    assert "spawner.exclude_gpus: GPU-nothere is no GPU or MIG device here" in reading.log
+    assert not any(d.simulated for d in reading.devices)
