@@ -24,9 +24,14 @@ _GITHUB_ORG_TEAM = re.compile(r"[a-z0-9][a-z0-9-]*(:[a-z0-9][a-z0-9._-]*)?")
 log = logging.getLogger("gputap.config")
 
 
-def configure_github(c: Any, github: dict[str, Any], hub: dict[str, Any]) -> None:
-    """Fill ``c`` for GitHub login from validated settings (see :func:`github_settings`)."""
-    c.JupyterHub.authenticator_class = "github"
+def configure_github(
+    c: Any, github: dict[str, Any], hub: dict[str, Any], instructor_teams: list[str] = ()
+) -> None:
+    """Fill ``c`` for GitHub login from validated settings (see :func:`github_settings`);
+    ``instructor_teams`` (courses.instructor_teams) name organizations gputap watches."""
+    # GitHubOAuthenticator telling GitHub's failures and restrictions apart (github_auth.py);
+    # it reads c.GitHubOAuthenticator as its base class's configuration
+    c.JupyterHub.authenticator_class = "hub_config.github_auth.GPUTapGitHubOAuthenticator"
     gh = c.GitHubOAuthenticator
     gh.client_id = github["client_id"]
     gh.client_secret = github["client_secret"]
@@ -53,6 +58,16 @@ def configure_github(c: Any, github: dict[str, Any], hub: dict[str, Any]) -> Non
         gh.allow_all = True
     if github["admin_teams"]:
         gh.admin_groups = set(github["admin_teams"])
+    timeout = float(github["request_timeout_seconds"])
+    gh.http_request_kwargs = {"request_timeout": timeout, "connect_timeout": timeout}
+    c.Authenticator.auth_refresh_age = github["refresh_seconds"]
+    gputap = c.GPUTapGitHubOAuthenticator
+    gputap.refresh_grace_seconds = github["refresh_grace_seconds"]
+    gputap.watched_organizations = {
+        name.split(":", 1)[0].lower()
+        for name in [*github["allowed_organizations"], *github["admin_teams"], *instructor_teams]
+    }
+    c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}), "gputap_github": True}
     # JUPYTERHUB_CRYPT_KEY, when set, is read by JupyterHub itself (and may rotate keys)
     if not os.environ.get("JUPYTERHUB_CRYPT_KEY"):
         c.CryptKeeper.keys = [ensure_crypt_key(Path(hub["crypt_key_file"]))]
@@ -62,14 +77,12 @@ def github_team_groups(auth_state: dict[str, Any]) -> list[str]:
     """auth_state_groups_key: the user's GitHub teams as JupyterHub groups ``org:team``.
 
     GitHub names are case-insensitive; groups are lower case so that ``admin_teams``
-    and course bindings match whatever case an organization's login is shown in.
+    and course bindings match whatever case an organization's login is shown in. A member
+    of a child team is a member of its parents, as GitHub's member endpoints count them:
+    the ancestors found at login (``gputap_parent_teams``) are groups too.
     """
-    return sorted(
-        {
-            f"{team['organization']['login']}:{team['slug']}".lower()
-            for team in auth_state.get("teams") or []
-        }
-    )
+    teams = [*(auth_state.get("teams") or []), *(auth_state.get("gputap_parent_teams") or [])]
+    return sorted({f"{team['organization']['login']}:{team['slug']}".lower() for team in teams})
 
 
 def github_settings(hub: dict[str, Any]) -> dict[str, Any] | None:

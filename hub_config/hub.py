@@ -142,7 +142,7 @@ def apply(c: Any, settings: Settings) -> None:
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{hub['proxy_api_port']}"
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 
-    _authentication(c, hub)
+    _authentication(c, hub, settings.courses["instructor_teams"])
 
     hub_token = secrets.token_hex(32)
     spawner = settings.spawner
@@ -255,7 +255,7 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     }
 
 
-def _authentication(c: Any, hub: dict[str, Any]) -> None:
+def _authentication(c: Any, hub: dict[str, Any], instructor_teams: list[str]) -> None:
     github = github_settings(hub)
     c.Authenticator.admin_users = set(hub["admin_users"])
     c.Authenticator.post_auth_hook = open_billing_account
@@ -266,9 +266,12 @@ def _authentication(c: Any, hub: dict[str, Any]) -> None:
         # the development login is always labelled as such, whatever else the notice says
         c.JupyterHub.template_vars = {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}
         return
-    configure_github(c, github, hub)
+    configure_github(c, github, hub, instructor_teams)
     if notice:
-        c.JupyterHub.template_vars = {"announcement_login": notice}
+        c.JupyterHub.template_vars = {
+            **c.JupyterHub.get("template_vars", {}),
+            "announcement_login": notice,
+        }
 
 
 def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from traitlets.config import Config
 
 from gputap_common.settings import SettingsError, load_settings
 from hub_config.github import ensure_crypt_key, github_settings, github_team_groups
+from hub_config.github_auth import GPUTapGitHubOAuthenticator
 from hub_config.hub import apply
 
 
@@ -42,11 +43,20 @@ def test_teams_become_lower_case_org_team_groups():
     assert github_team_groups({}) == []
 
 
+def test_parent_teams_are_groups_too():
+    state = {"teams": [team("acme", "ml-2026")], "gputap_parent_teams": [team("Acme", "staff")]}
+    assert github_team_groups(state) == ["acme:ml-2026", "acme:staff"]
+
+
 def test_any_github_user_may_sign_up_by_default(tmp_path):
     c = configure(tmp_path, {})
-    assert c.JupyterHub.authenticator_class == "github"
-    auth = GitHubOAuthenticator(config=c)
+    assert c.JupyterHub.authenticator_class == "hub_config.github_auth.GPUTapGitHubOAuthenticator"
+    auth = GPUTapGitHubOAuthenticator(config=c)
+    assert isinstance(auth, GitHubOAuthenticator)
     assert auth.allow_all is True and not auth.allowed_organizations
+    assert auth.refresh_grace_seconds == 3600 and auth.auth_refresh_age == 300
+    assert auth.http_request_kwargs == {"request_timeout": 10.0, "connect_timeout": 10.0}
+    assert auth.watched_organizations == set()
     assert auth.scope == ["read:org"]
     assert auth.populate_teams_in_auth_state and auth.enable_auth_state and auth.manage_groups
     assert auth.auth_state_groups_key is github_team_groups
@@ -66,7 +76,8 @@ def test_restrictions_admins_and_enterprise(tmp_path):
         },
         admin_users=["root-user"],
     )
-    auth = GitHubOAuthenticator(config=c)
+    auth = GPUTapGitHubOAuthenticator(config=c)
+    assert auth.watched_organizations == {"acme", "uni"}  # each setting's organizations
     assert auth.allow_all is False
     assert auth.allowed_organizations == {"acme", "uni:ml-course"}
     assert "acme, uni:ml-course" in auth.custom_403_message

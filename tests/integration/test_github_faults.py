@@ -1,0 +1,223 @@
+"""GitHub that fails and restricts, with the real GPUTapGitHubOAuthenticator in the real hub
+against the stand-in (tests/github_sim): login pages for outages and refusals, membership
+answers told apart, refresh that survives an outage for a bounded time and ends at a revoked
+token or a real "not a member", nested teams as groups and admins."""
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+import requests
+
+from tests.conftest import github_platform
+from tests.github_sim import GitHubSim
+from tests.github_sim.client import sign_in
+
+GRACE = 20  # hub.github.refresh_grace_seconds of the open hub
+
+
+@pytest.fixture(scope="module")
+def gh():
+    sim = GitHubSim(max_per_page=2)
+    for login in ("olga", "pete", "rita", "nina", "sam", "shay", "tom"):
+        sim.add_user(login)
+    for i in range(len(LOGIN_FAULTS)):
+        sim.add_user(f"pete{i}")
+    sim.add_org("acme", members=["olga"])
+    sim.add_team("acme", "hub-admins")
+    sim.add_team("acme", "ops", parent="hub-admins")
+    sim.add_team("acme", "night-shift", members=["nina"], parent="ops")
+    sim.add_team("acme", "gpu-users", members=["tom"])
+    sim.add_org("sealed", members=["sam"], saml=True)
+    sim.add_org("shut", members=["shay"], restricts_apps=True)
+    with sim.in_thread():
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def open_hub(tmp_path_factory, gh):
+    p = github_platform(
+        tmp_path_factory.mktemp("github-faults"),
+        gh,
+        admin_teams=["acme:hub-admins"],
+        refresh_seconds=1,
+        refresh_grace_seconds=GRACE,
+        request_timeout_seconds=2,
+    )
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(scope="module")
+def closed_hub(tmp_path_factory, gh):
+    p = github_platform(
+        tmp_path_factory.mktemp("github-closed"),
+        gh,
+        allowed_organizations=["acme:gpu-users", "sealed", "shut"],
+        refresh_seconds=1,
+    )
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_faults(gh):
+    gh.clear_faults()
+    yield
+    gh.clear_faults()
+
+
+def login(platform, name):
+    session = requests.Session()
+    return session, sign_in(session, f"{platform.url}/hub/oauth_login", name)
+
+
+LOGIN_FAULTS = [
+    ("/login/oauth/access_token", 502, {}, 503, "request for a sign-in token"),
+    ("/api/v3/user", 503, {}, 503, "request for who you are"),
+    ("/api/v3/user/teams", 500, {}, 503, "request for your teams"),
+    ("/api/v3/user/teams", 429, {"retry_after": 120}, 503, "Try again after"),
+    ("/api/v3/user", 403, {"rate_limited": True}, 503, "rate limit"),
+    ("/api/v3/user", None, {"delay": 4}, 503, "GitHub did not answer"),
+    ("/api/v3/user", 401, {}, 403, "no longer accepts"),
+    ("/api/v3/user/memberships/orgs", 502, {}, 503, "your organization memberships"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(LOGIN_FAULTS)))
+def test_github_failing_at_login_gives_a_page_saying_so(open_hub, gh, case):
+    path, status, kw, code, words = LOGIN_FAULTS[case]
+    name = f"pete{case}"
+    gh.fail(path, status, **kw)
+    _, r = login(open_hub, name)
+    assert r.status_code == code, r.text
+    assert words in r.text
+    if code == 503:
+        assert "GitHub did not answer" in r.text or "rate limit" in r.text
+        assert 'href="oauth_login"' in r.text  # sign in again
+    assert open_hub.get(f"/users/{name}").status_code == 404  # nothing made
+    gh.clear_faults()
+    _, r = login(open_hub, name)
+    assert r.status_code == 200, r.text
+
+
+def test_rate_limit_page_gives_the_reset_time(open_hub, gh):
+    gh.fail("/api/v3/user/teams", 429, retry_after=600)
+    _, r = login(open_hub, "pete")
+    at = datetime.now(UTC).timestamp() + 600
+    assert r.status_code == 503
+    assert f"Try again after {datetime.fromtimestamp(at, UTC):%H:}" in r.text
+
+
+def test_a_child_teams_member_is_in_its_parents_groups_and_admin_by_them(open_hub):
+    _, r = login(open_hub, "nina")
+    assert r.status_code == 200, r.text
+    user = open_hub.reader.get(f"{open_hub.url}/hub/api/users/nina", timeout=30).json()
+    assert user["groups"] == ["acme:hub-admins", "acme:night-shift", "acme:ops"]
+    assert user["admin"] is True  # admin_teams: acme:hub-admins, two levels up
+
+
+@pytest.mark.parametrize("name", ["tom", "olga"])
+def test_members_sign_in_and_others_are_told_they_are_not(closed_hub, name):
+    _, r = login(closed_hub, name)
+    if name == "tom":
+        assert r.status_code == 200, r.text
+    else:  # olga is in acme but not in gpu-users, sealed nor shut: a real "not a member"
+        assert r.status_code == 403 and "not one of them" in r.text
+
+
+def test_saml_sso_is_told_with_the_link_to_authorize(closed_hub, gh):
+    _, r = login(closed_hub, "sam")
+    assert r.status_code == 403, r.text
+    assert "sealed requires SAML single sign-on" in r.text
+    assert 'id="gputap-github-sso" href="http' in r.text and "/orgs/sealed/sso" in r.text
+    assert "not one of them" not in r.text
+    gh.authorize_sso("sam", "sealed")
+    _, r = login(closed_hub, "sam")
+    assert r.status_code == 200, r.text
+
+
+def test_an_org_that_has_not_approved_the_app_is_named_with_what_its_owner_must_do(closed_hub, gh):
+    _, r = login(closed_hub, "shay")
+    assert r.status_code == 403, r.text
+    assert "The GitHub organization shut has not approved gputap" in r.text
+    assert "Third-party access, OAuth app policy" in r.text
+    gh.approve_app("shut")
+    _, r = login(closed_hub, "shay")
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("status,kw", [(429, {}), (403, {"rate_limited": True}), (503, {})])
+def test_a_failing_membership_check_says_retry_not_not_a_member(closed_hub, gh, status, kw):
+    gh.fail("/api/v3/orgs/*", status, **kw)
+    _, r = login(closed_hub, "tom")
+    assert r.status_code == 503, r.text
+    assert "not one of them" not in r.text
+    assert "whether you are a member of" in r.text
+
+
+def activity(platform, name, token):
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return requests.post(
+        f"{platform.url}/hub/api/users/{name}/activity",
+        headers={"Authorization": f"token {token}"},
+        json={"last_activity": now, "servers": {"": {"last_activity": now}}},
+        timeout=30,
+    )
+
+
+def signed_in(platform, session) -> bool:
+    r = session.get(f"{platform.url}/hub/home", timeout=30)
+    assert r.status_code == 200, r.text
+    return r.url.startswith(f"{platform.url}/hub/home")
+
+
+def test_an_outage_at_refresh_keeps_users_signed_in_for_the_grace_then_asks_a_login(open_hub, gh):
+    rita, r = login(open_hub, "rita")
+    assert r.status_code == 200, r.text
+    assert open_hub.spawn("rita", {"kind": "cpu"}).status_code in (201, 202)
+    open_hub.wait_ready("rita")
+    server_token = open_hub.server_env("rita")["JUPYTERHUB_API_TOKEN"]
+    assert activity(open_hub, "rita", server_token).status_code == 200
+
+    gh.fail("/api/v3/*", 503)
+    down = time.monotonic()
+    time.sleep(1.5)  # past refresh_seconds: every request refreshes
+    assert activity(open_hub, "rita", server_token).status_code == 200
+    assert signed_in(open_hub, rita)
+    assert "keeping the state of" in open_hub.log_tail(200)
+
+    time.sleep(max(0.0, GRACE + 1 - (time.monotonic() - down)))
+    assert activity(open_hub, "rita", server_token).status_code == 200  # the server's calls
+    assert not signed_in(open_hub, rita)  # the browser: a new login
+    gh.clear_faults()
+    _, r = login(open_hub, "rita")
+    assert r.status_code == 200, r.text
+    assert activity(open_hub, "rita", server_token).status_code == 200
+
+
+def test_a_revoked_token_ends_the_session(open_hub, gh):
+    olga, _ = login(open_hub, "olga")
+    assert signed_in(open_hub, olga)
+    state = open_hub.reader.get(f"{open_hub.url}/hub/api/users/olga", timeout=30).json()
+    gh.state.revoke(state["auth_state"]["access_token"])
+    time.sleep(1.5)
+    assert not signed_in(open_hub, olga)
+
+
+def test_membership_is_checked_again_at_refresh(closed_hub, gh):
+    tom, r = login(closed_hub, "tom")
+    assert r.status_code == 200 and signed_in(closed_hub, tom)
+    gh.fail("/api/v3/orgs/*", 502)  # an outage at refresh is not "not a member"
+    time.sleep(1.5)
+    assert signed_in(closed_hub, tom)
+    gh.clear_faults()
+    with gh.state._lock:
+        gh.state.orgs["acme"].teams["gpu-users"].members.pop("tom")
+    try:
+        time.sleep(1.5)
+        assert not signed_in(closed_hub, tom)
+        assert "tom is no longer a member" in closed_hub.log_tail(200)
+    finally:
+        with gh.state._lock:
+            gh.state.orgs["acme"].teams["gpu-users"].members["tom"] = "member"
