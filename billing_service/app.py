@@ -16,9 +16,9 @@ from jupyterhub.services.auth import HubOAuth
 from tornado import web
 
 from gputap_common import clock
-from gputap_common.settings import load_settings, validated
+from gputap_common.settings import validated
 
-from .config import BillingConfig, load_billing_config
+from .config import BillingConfig, load_billing_config, load_billing_settings
 from .handlers.fields import MAX_STREAM_BYTES
 from .handlers.routes import make_handlers
 from .loops.charge import Charger
@@ -117,7 +117,7 @@ async def main() -> None:
     loop = asyncio.get_running_loop()
     book = await loop.run_in_executor(executor, store.sync_price_book, clock.utcnow())
     log.info("Price book version %s (%s) is in force", book.version, book.source)
-    settings = load_settings()
+    settings = load_billing_settings()
     # on Kubernetes, refuse to start (KubeConfigMissing) before serving if the API is unusable
     meter = await make_meter(config, settings.spawner, store, executor)
     secret = cookie_secret(settings.data_dir / "billing_cookie_secret")

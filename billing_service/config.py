@@ -7,10 +7,11 @@ micro-credits, the price book) and the rules that tie two keys together.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gputap_common.settings import load_settings, validated
+from gputap_common.settings import Settings, load_settings, validated
 
 from .domain.money import parse_credits
 from .domain.pricing import PriceBook, make_price_book
@@ -76,6 +77,18 @@ def billing_config(section: Mapping[str, object]) -> BillingConfig:
     )
 
 
+def load_billing_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """gputap's settings as billing keeps them: without the ``hub`` section, which billing
+    never reads and which holds GitHub's client secret and the hub's service tokens. The
+    hub gives a managed billing a file without it; billing run by the operator may be handed
+    the whole file and environment, so it drops the section itself."""
+    settings = load_settings(path, environ)
+    raw = {key: value for key, value in settings.raw.items() if key != "hub"}
+    return Settings(raw=raw, source=settings.source)
+
+
 def load_billing_config() -> BillingConfig:
     """The billing configuration from gputap's settings (GPUTAP_SETTINGS, GPUTAP__BILLING__*)."""
-    return billing_config(load_settings().billing)
+    return billing_config(load_billing_settings().billing)

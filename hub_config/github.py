@@ -9,17 +9,17 @@ user's GitHub token) is encrypted with ``JUPYTERHUB_CRYPT_KEY`` or, without it, 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
 import secrets
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gputap_common.settings import SettingsError, validated
-
-# an organization login, optionally with a team slug: acme, acme:gpu-users
-_GITHUB_ORG_TEAM = re.compile(r"[a-z0-9][a-z0-9-]*(:[a-z0-9][a-z0-9._-]*)?")
+from gputap_common.settings.names import github_name_list
 
 log = logging.getLogger("gputap.config")
 
@@ -38,8 +38,8 @@ def configure_github(
     gh.login_service = github["login_service"]
     if github["callback_url"]:
         gh.oauth_callback_url = github["callback_url"]
-    if github["url"]:
-        gh.github_url = github["url"]
+    gh.github_url = github["url"] or "https://github.com"
+    gh.github_api = github["api_url"]
     # read:org shows private organization and team membership, not just public membership
     gh.scope = ["read:org"]
     gh.populate_teams_in_auth_state = True
@@ -87,7 +87,8 @@ def github_team_groups(auth_state: dict[str, Any]) -> list[str]:
 
 def github_settings(hub: dict[str, Any]) -> dict[str, Any] | None:
     """The ``hub.github`` section checked (keys and types by the settings schema; here what
-    the schema cannot say), or None when GitHub login is off (no client_id)."""
+    the schema cannot say), or None when GitHub login is off (no client_id). Team names are
+    kept in lower case (gputap_common/github_names.py); ``api_url`` is resolved."""
     github = validated("hub.github", hub.get("github") or {})
     if not github["client_id"]:
         return None
@@ -95,26 +96,65 @@ def github_settings(hub: dict[str, Any]) -> dict[str, Any] | None:
         raise SettingsError(
             "hub.github.client_secret must be set with client_id (the OAuth app's secret)"
         )
-    # GitHub names are case-insensitive: checked and kept in lower case
-    allowed = [name.lower() for name in github["allowed_organizations"]]
-    for name in allowed:
-        if not _GITHUB_ORG_TEAM.fullmatch(name):
-            raise SettingsError(
-                f"hub.github.allowed_organizations: {name!r} is not an organization (acme) "
-                "or a team (acme:team-slug)"
-            )
-    admin_teams = [name.lower() for name in github["admin_teams"]]
-    for name in admin_teams:
-        if ":" not in name or not _GITHUB_ORG_TEAM.fullmatch(name):
-            raise SettingsError(
-                f"hub.github.admin_teams: {name!r} is not a team as org:team-slug (acme:admins)"
-            )
+    url = github["url"].rstrip("/")
+    api_url = github["api_url"].rstrip("/") or default_api_url(url)
+    for key, value in (
+        ("url", url),
+        ("api_url", api_url),
+        ("callback_url", github["callback_url"]),
+    ):
+        refuse_plain_http(key, value)
     return {
         **github,
-        "url": github["url"].rstrip("/"),
-        "allowed_organizations": allowed,
-        "admin_teams": admin_teams,
+        "url": url,
+        "api_url": api_url,
+        "allowed_organizations": github_name_list(
+            "hub.github.allowed_organizations", github["allowed_organizations"]
+        ),
+        "admin_teams": github_name_list("hub.github.admin_teams", github["admin_teams"]),
     }
+
+
+def default_api_url(url: str) -> str:
+    """GitHub's REST API for the web ``url``: api.github.com for github.com (or empty),
+    api.SUB.ghe.com for GitHub Enterprise Cloud with data residency (SUB.ghe.com), else
+    GitHub Enterprise Server's ``{url}/api/v3``."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not url or host == "github.com":
+        return "https://api.github.com"
+    if re.fullmatch(r"[a-z0-9-]+\.ghe\.com", host) and parts.path in ("", "/"):
+        return f"{parts.scheme}://api.{host}" + (f":{parts.port}" if parts.port else "")
+    return f"{url}/api/v3"
+
+
+#: what would travel unencrypted to each URL over plain http
+_PLAIN_HTTP_CARRIES = {
+    "url": "the OAuth app's client secret",
+    "api_url": "users' GitHub tokens",
+    "callback_url": "the login's code and the hub's cookies",
+}
+
+
+def refuse_plain_http(key: str, url: str) -> None:
+    """Refuse an ``http://`` URL of ``hub.github.KEY`` unless its host is this machine."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or _loopback(parts.hostname or ""):
+        return
+    raise SettingsError(
+        f"hub.github.{key} {url} is plain http: {_PLAIN_HTTP_CARRIES[key]} would travel "
+        "unencrypted; use https:// (http:// only on a loopback address: 127.0.0.1, ::1, "
+        "localhost)"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def ensure_crypt_key(path: Path) -> str:

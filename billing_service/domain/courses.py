@@ -23,13 +23,13 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from gputap_common.github_names import team_name
 from gputap_common.money import format_credits
 
 from .money import billed_seconds, cost_micro, parse_credits
 from .pricing import PriceBook
 from .records import SessionRecord
 
-TEAM = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}:[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 OFFERING = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?")
 #: the fields of a course's rules, as an instructor sends them (:func:`course_rules`)
 COURSE_FIELDS = (
@@ -125,8 +125,9 @@ def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRule
         if cap_micro <= 0:
             raise ValueError("budget_cap must be positive, or left out for no cap")
     team = body.get("github_team")
-    if team is not None and (not isinstance(team, str) or not TEAM.fullmatch(team)):
-        raise ValueError(f"github_team must be 'org:team-slug', not {team!r}")
+    if team is not None:
+        # kept as the hub's groups are (lower-case org:team-slug), or it would match none
+        team = team_name(team, "github_team")
     weekday = body.get("reset_weekday", "monday")
     if not isinstance(weekday, str) or weekday.lower() not in WEEKDAYS:
         raise ValueError(f"reset_weekday must be one of {', '.join(WEEKDAYS)}, not {weekday!r}")

@@ -9,7 +9,8 @@ Order (later wins):
 
 Each layer is checked against the schema before it is merged, so a refusal names where the
 bad key came from (the file, or the variable). Strings may contain ``{data_dir}``, replaced by
-the resolved data directory. The hub, the billing service and the tools all read settings
+the resolved data directory. Settings naming GitHub teams are kept in lower case
+(``names.py``). The hub, the billing service and the tools all read settings
 through :func:`load_settings`, so `make demo` and the Helm chart describe one platform alike.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from .names import with_github_names
 from .schema import apply_defaults, defaults, format_path, is_map, is_section
 from .schema import schema as settings_schema
 from .validate import SettingsError, describe, unknown_key, validate
@@ -183,6 +185,7 @@ def load_settings(
     # list items declared with defaults (hub.services[].scopes) get them here
     raw = apply_defaults(raw, settings_schema())
     validate(raw)
+    raw = with_github_names(raw)
     base = source.parent if source else Path.cwd()
     data_dir = str((base / os.path.expanduser(raw["data_dir"])).resolve())
     raw["data_dir"] = data_dir

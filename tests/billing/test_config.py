@@ -1,6 +1,6 @@
 import pytest
 
-from billing_service.config import billing_config
+from billing_service.config import billing_config, load_billing_settings
 from gputap_common.settings import load_settings
 
 
@@ -41,3 +41,25 @@ def test_bad_settings_name_the_key(key, value):
     section = {**load_settings(environ={}).billing, key: value}
     with pytest.raises(ValueError, match=key):
         billing_config(section)
+
+
+def test_billing_keeps_none_of_the_hubs_settings(tmp_path):
+    """Run outside the hub with the operator's whole settings file and environment, billing
+    still never holds GitHub's client secret (or the hub's tokens): it drops the hub's
+    section when it loads."""
+    settings_file = tmp_path / "gputap.yaml"
+    settings_file.write_text(
+        "hub:\n  github: {client_id: app, client_secret: in-the-file}\n"
+        "  services: [{name: ops, api_token: ops-token, scopes: [read:users]}]\n"
+        "billing: {trial_credit: '3'}\n"
+    )
+    environ = {
+        "GPUTAP_SETTINGS": str(settings_file),
+        "GPUTAP__HUB__GITHUB__CLIENT_SECRET": "in-the-environment",
+    }
+    settings = load_billing_settings(environ=environ)
+    kept = repr(settings.raw)
+    for secret in ("in-the-file", "in-the-environment", "ops-token"):
+        assert secret not in kept
+    assert "hub" not in settings.raw
+    assert settings.billing["trial_credit"] == "3" and settings.spawner["backend"] == "local"

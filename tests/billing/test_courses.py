@@ -38,8 +38,12 @@ def make_course(store, slug="dl101", **rules):
         ({"max_concurrent_gpus": 0}, "max_concurrent_gpus must be a whole number"),
         ({"budget_cap": "-5"}, "budget_cap must be positive"),
         ({"github_team": "no-colon"}, "github_team must be 'org:team-slug'"),
-        # names are matched whole: a trailing newline is no team
-        ({"github_team": "acme:ml-staff\n"}, "github_team must be 'org:team-slug'"),
+        # names are matched whole: a newline inside is no team
+        ({"github_team": "acme:ml-\nstaff"}, "github_team must be 'org:team-slug'"),
+        (
+            {"github_team": "Acme:ML Staff"},
+            "use the team's slug as in its URL, github.com/orgs/acme/teams/ml-staff: acme:ml-staff",
+        ),
         ({"reset_weekday": "someday"}, "reset_weekday must be one of"),
         ({"reset_time": "25:00"}, "reset_time must be HH:MM"),
         ({"timezone": "Mars/Olympus"}, "timezone must be an IANA name"),
@@ -165,6 +169,17 @@ def test_join_codes_are_rate_limited_and_archived_courses_take_no_one(store):
         store.admit("alice", "T4", 1, T0, course="dl101")
     with pytest.raises(ValueError):
         store.join("bob", course.join_code, T0)
+
+
+def test_a_course_team_is_kept_as_the_hub_group_it_must_match(store):
+    """Groups are lower-case org:team-slug; a team typed as GitHub shows it must match them."""
+    for typed in ("Acme:DL-2025", " acme:dl-2025\n"):
+        assert course_rules(
+            {"name": "X", "allowed": ["T4"], "github_team": typed}, SKUS
+        ).github_team == ("acme:dl-2025")
+    make_course(store, github_team="Acme:DL-2025", allowed=["T4"])
+    assert store.course("dl101").github_team == "acme:dl-2025"
+    assert store.enroll_by_groups("ann", ["acme:dl-2025"], T0) == ["dl101"]
 
 
 def test_team_binding_enrols_at_login_and_the_budget_cap_limits_grants(store):

@@ -118,6 +118,11 @@ def test_the_course_view_a_student_gets_and_their_hours(people):
             {"name": "X", "allowed": ["T4"], "github_team": "acme"},
             "github_team must be 'org:team-slug'",
         ),
+        (
+            {"name": "X", "allowed": ["T4"], "github_team": "Acme:ML Staff"},
+            "github_team must be 'org:team-slug', not 'Acme:ML Staff'; use the team's slug as "
+            "in its URL, github.com/orgs/acme/teams/ml-staff: acme:ml-staff",
+        ),
         ({"name": "X", "allowed": ["T4"], "max_concurrent_gpus": 10**9}, "max_concurrent_gpus"),
         ({"name": "X", "allowed": ["T4"], "slug": "Bad Slug"}, "slug must be"),
         (["not", "an", "object"], "JSON object"),
@@ -128,6 +133,17 @@ def test_absurd_courses_are_400_and_change_nothing(people, body, says):
     r = people["prof"]("POST", "api/courses", json=body)
     assert r.status_code == 400 and says in r.json()["message"], r.text
     assert people["prof"]("GET", "api/courses").json() == before
+
+
+def test_a_course_team_is_stored_as_the_hub_group(people):
+    r = people["prof"](
+        "POST",
+        "api/courses",
+        json={"name": "Teams", "allowed": ["T4"], "github_team": "Acme:DL-2026"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["github_team"] == "acme:dl-2026"
+    assert people["prof"]("GET", "api/courses/teams").json()["github_team"] == "acme:dl-2026"
 
 
 def test_only_instructors_create_and_only_admins_make_instructors(people):

@@ -14,6 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
+from billing_service.domain.courses import course_rules
 from billing_service.domain.pricing import make_price_book
 from billing_service.migrate import (
     BASELINE,
@@ -374,3 +375,28 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
     upgrade_database(engine)
     assert schema_diff(engine) == []
     engine.dispose()
+
+
+def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
+    """Before d2a8f4c61b07 a course's github_team was stored as typed, and a mixed-case one
+    never matched the hub's lower-case groups."""
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), "b5e1c7d93a02")
+    store = Store(
+        engine,
+        make_price_book(load_settings(environ={}).billing["prices"]),
+        trial_credit_micro=10_000_000,
+        min_billable_seconds=300,
+    )
+    skus = {"T4"}
+    bound = course_rules({"name": "DL", "allowed": ["T4"], "github_team": "acme:dl"}, skus)
+    store.create_course("prof", bound, "dl", T0, join_code=False)
+    store.create_course("prof", course_rules({"name": "X", "allowed": ["T4"]}, skus), "x", T0,
+                        join_code=False)  # fmt: skip
+    with store.engine.begin() as db:  # as that revision let it be written
+        db.execute(text("UPDATE courses SET github_team = 'Acme:DL-2025' WHERE slug = 'dl'"))
+    upgrade_database(engine)
+    with engine.connect() as db:
+        teams = dict(db.execute(text("SELECT slug, github_team FROM courses")).all())
+    assert teams == {"dl": "acme:dl-2025", "x": None}

@@ -1,6 +1,7 @@
 """GitHub login settings -> a GitHubOAuthenticator the real class accepts."""
 
 import os
+import re
 import stat
 
 import pytest
@@ -14,11 +15,12 @@ from hub_config.github_auth import GPUTapGitHubOAuthenticator
 from hub_config.hub import apply
 
 
-def configure(tmp_path, github, **hub):
+def configure(tmp_path, github, courses=None, **hub):
     settings = {
         "data_dir": str(tmp_path / "data"),
         "hub": {"github": {"client_id": "id", "client_secret": "secret", **github}, **hub},
         "spawner": {"allow_shared_unix_user": True},
+        "courses": courses or {},
     }
     f = tmp_path / "gputap.yaml"
     f.write_text(yaml.safe_dump(settings))
@@ -98,15 +100,117 @@ def test_restrictions_admins_and_enterprise(tmp_path):
         ({"github_url": "https://ghe"}, "now hub.github.url"),
         ({"allowed_organisations": ["a"]}, "allowed_organisations is not a setting"),
         ({"client_secret": ""}, "client_secret must be set"),
-        ({"allowed_organizations": ["acme/team"]}, "'acme/team' is not an organization"),
-        ({"admin_teams": ["acme"]}, "'acme' is not a team as org:team-slug"),
+        (
+            {"allowed_organizations": ["acme/team"]},
+            "allowed_organizations[0] must be an organization 'org' or a team 'org:team-slug', "
+            "not 'acme/team'; use the team's slug as in its URL, "
+            "github.com/orgs/acme/teams/team: acme:team",
+        ),
+        ({"admin_teams": ["acme"]}, "admin_teams[0] must be 'org:team-slug', not 'acme'"),
+        (
+            {"admin_teams": ["Acme:Hub Admins"]},
+            "hub.github.admin_teams[0] must be 'org:team-slug', not 'Acme:Hub Admins'; use the "
+            "team's slug as in its URL, github.com/orgs/acme/teams/hub-admins: acme:hub-admins",
+        ),
         ({"url": "github.example.org"}, "must be an http"),
+        ({"api_url": "api.example.org"}, "hub.github.api_url must be an http"),
+        ({"callback_url": "gputap.example.org/hub/oauth_callback"}, "callback_url must be an http"),
+        (
+            {"url": "http://github.example.org"},
+            "hub.github.url http://github.example.org is plain http: the OAuth app's client "
+            "secret would travel unencrypted; use https:// (http:// only on a loopback "
+            "address: 127.0.0.1, ::1, localhost)",
+        ),
+        ({"url": "http://127.0.0.1.example.org"}, "hub.github.url http://127.0.0.1.example.org"),
+        ({"url": "http://localhost.example.org"}, "hub.github.url http://localhost.example.org"),
+        (
+            {"url": "https://github.example.org", "api_url": "http://api.example.org"},
+            "hub.github.api_url http://api.example.org is plain http: users' GitHub tokens",
+        ),
+        (
+            {"callback_url": "http://gputap.example.org/hub/oauth_callback"},
+            "hub.github.callback_url http://gputap.example.org/hub/oauth_callback is plain http: "
+            "the login's code",
+        ),
     ],
 )
 def test_bad_github_settings_say_what_is_wrong(github, message):
     hub = {"github": {"client_id": "id", "client_secret": "secret", **github}}
-    with pytest.raises(SettingsError, match=message):
+    with pytest.raises(SettingsError, match=re.escape(message)):
         github_settings(hub)
+
+
+def test_team_names_are_kept_as_the_hub_groups_are(tmp_path):
+    c = configure(
+        tmp_path,
+        {
+            "admin_teams": ["Acme:Hub-Admins"],
+            "allowed_organizations": ["Initech", "Acme:GPU-Users"],
+        },
+        courses={"instructor_teams": ["Acme:ML-Staff", " acme:ml-staff", "Uni.EDU:dl_2026"]},
+    )
+    auth = GitHubOAuthenticator(config=c)
+    assert auth.admin_groups == {"acme:hub-admins"}
+    assert auth.allowed_organizations == {"initech", "acme:gpu-users"}
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert roles["gputap-billing-admin"]["groups"] == ["acme:hub-admins"]
+    assert roles["gputap-instructor"]["groups"] == ["acme:ml-staff", "uni.edu:dl_2026"]
+    settings = load_settings(tmp_path / "gputap.yaml", environ={})
+    assert settings.courses["instructor_teams"] == ["acme:ml-staff", "uni.edu:dl_2026"]
+    assert settings.hub["github"]["admin_teams"] == ["acme:hub-admins"]
+
+
+def test_a_display_name_for_an_instructor_team_is_refused_with_its_slug(tmp_path):
+    fix = (
+        "courses.instructor_teams[0] must be 'org:team-slug', not 'Acme:ML Staff'; use the "
+        "team's slug as in its URL, github.com/orgs/acme/teams/ml-staff: acme:ml-staff"
+    )
+    f = tmp_path / "gputap.yaml"
+    f.write_text("courses:\n  instructor_teams: ['Acme:ML Staff']\n")
+    with pytest.raises(SettingsError, match=re.escape(fix)):
+        load_settings(f, environ={})
+    variable = {"GPUTAP__COURSES__INSTRUCTOR_TEAMS": "['Acme:ML Staff']"}
+    with pytest.raises(SettingsError, match=re.escape(fix)):
+        load_settings(environ=variable)
+
+
+@pytest.mark.parametrize(
+    "github,web,api",
+    [
+        ({}, "https://github.com", "https://api.github.com"),
+        ({"url": "https://github.com/"}, "https://github.com", "https://api.github.com"),
+        # GitHub Enterprise Cloud with data residency
+        ({"url": "https://Octo.ghe.com"}, "https://Octo.ghe.com", "https://api.octo.ghe.com"),
+        # GitHub Enterprise Server
+        (
+            {"url": "https://github.example.org/"},
+            "https://github.example.org",
+            "https://github.example.org/api/v3",
+        ),
+        (
+            {"url": "https://github.example.org", "api_url": "https://api.example.org/v3/"},
+            "https://github.example.org",
+            "https://api.example.org/v3",
+        ),
+        # plain http on the machine itself (the stand-in)
+        ({"url": "http://127.0.0.1:9000"}, "http://127.0.0.1:9000", "http://127.0.0.1:9000/api/v3"),
+        (
+            {
+                "url": "http://localhost:9000",
+                "api_url": "http://[::1]:9001",
+                "callback_url": "http://127.8.0.1:8000/hub/oauth_callback",
+            },
+            "http://localhost:9000",
+            "http://[::1]:9001",
+        ),
+    ],
+)
+def test_the_api_url_follows_the_web_url_unless_set(tmp_path, github, web, api):
+    auth = GitHubOAuthenticator(config=configure(tmp_path, github))
+    assert auth.github_url == web
+    assert auth.github_api == api
+    assert auth.userdata_url == f"{api}/user"
+    assert auth.token_url == f"{web}/login/oauth/access_token"
 
 
 def test_no_client_id_is_the_development_login(tmp_path):

@@ -57,7 +57,7 @@ def test_github_login_on_one_machine_needs_separate_unix_users(tmp_path):
         apply(Config(), load_settings(f, environ={}))
     c = Config()
     apply(c, load_settings(f, environ={"GPUTAP__SPAWNER__RUN_AS_SYSTEM_USER": "true"}))
-    assert c.JupyterHub.authenticator_class == "github"
+    assert c.JupyterHub.authenticator_class == "hub_config.github_auth.GPUTapGitHubOAuthenticator"
     assert c.GPULocalSpawner.run_as_system_user is True
 
 
