@@ -19,7 +19,7 @@ GRACE = 20  # hub.github.refresh_grace_seconds of the open hub
 @pytest.fixture(scope="module")
 def gh():
     sim = GitHubSim(max_per_page=2)
-    for login in ("olga", "pete", "rita", "nina", "sam", "shay", "tom"):
+    for login in ("olga", "pete", "rita", "nina", "sam", "shay", "tom", "tia", "sue", "wes"):
         sim.add_user(login)
     for i in range(len(LOGIN_FAULTS)):
         sim.add_user(f"pete{i}")
@@ -28,8 +28,10 @@ def gh():
     sim.add_team("acme", "ops", parent="hub-admins")
     sim.add_team("acme", "night-shift", members=["nina"], parent="ops")
     sim.add_team("acme", "gpu-users", members=["tom"])
-    sim.add_org("sealed", members=["sam"], saml=True)
+    sim.add_team("acme", "gpu-nights", members=["tia"], parent="gpu-users")
+    sim.add_org("sealed", members=["sam", "sue"], saml=True)
     sim.add_org("shut", members=["shay"], restricts_apps=True)
+    sim.add_org("walled", members=["wes"], restricts_apps=True)  # never approved
     with sim.in_thread():
         yield sim
 
@@ -117,11 +119,13 @@ def test_a_child_teams_member_is_in_its_parents_groups_and_admin_by_them(open_hu
     assert user["admin"] is True  # admin_teams: acme:hub-admins, two levels up
 
 
-@pytest.mark.parametrize("name", ["tom", "olga"])
+@pytest.mark.parametrize("name", ["tom", "tia", "olga"])
 def test_members_sign_in_and_others_are_told_they_are_not(closed_hub, name):
     _, r = login(closed_hub, name)
-    if name == "tom":
+    if name != "olga":  # tia by gpu-nights, a child team of the allowed acme:gpu-users
         assert r.status_code == 200, r.text
+        user = closed_hub.reader.get(f"{closed_hub.url}/hub/api/users/{name}", timeout=30)
+        assert "acme:gpu-users" in user.json()["groups"]  # the same rule as sign-in's
     else:  # olga is in acme but not in gpu-users, sealed nor shut: a real "not a member"
         assert r.status_code == 403 and "not one of them" in r.text
 
@@ -221,3 +225,22 @@ def test_membership_is_checked_again_at_refresh(closed_hub, gh):
     finally:
         with gh.state._lock:
             gh.state.orgs["acme"].teams["gpu-users"].members["tom"] = "member"
+
+
+def test_hidden_organizations_are_kept_with_why_and_only_watched_ones_are_bannered(open_hub):
+    # sue has not authorized SSO for sealed, walled never approves the app
+    for name, why in (("sue", "saml"), ("wes", "oauth_app")):
+        session, r = login(open_hub, name)
+        assert r.status_code == 200, r.text
+        user = open_hub.reader.get(f"{open_hub.url}/hub/api/users/{name}", timeout=30).json()
+        [hidden] = user["auth_state"]["gputap_hidden_orgs"]
+        org = {"sue": "sealed", "wes": "walled"}[name]
+        assert (hidden["org"], hidden["why"]) == (org, why)
+        if why == "saml":
+            assert "/orgs/sealed/sso" in hidden["sso_url"]
+        # no setting of this hub names sealed or shut: logged at INFO, no banner
+        notices = session.get(f"{open_hub.url}/hub/gputap/github-notices", timeout=30)
+        assert notices.json() == {"notices": []}
+        assert f"GitHub hides organization {org} from gputap for {name} ({why})" in (
+            open_hub.log_tail(400)
+        )
