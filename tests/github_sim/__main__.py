@@ -33,6 +33,7 @@ import signal
 import yaml
 
 from .sim import GitHubSim
+from .state import DEFAULT_CALLBACK
 
 
 async def serve(sim: GitHubSim) -> None:
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client-id", default="gputap-test-client")
     parser.add_argument("--client-secret", default="gputap-test-secret")
     parser.add_argument(
-        "--callback-url", default="", help="registered callback URL (empty: accept any)"
+        "--callback-url",
+        default=DEFAULT_CALLBACK,
+        help="the app's registered callback URL (a loopback one matches any port)",
     )
     parser.add_argument(
         "--max-per-page", type=int, default=100, help="page size cap of lists (GitHub: 100)"

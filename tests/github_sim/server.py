@@ -6,9 +6,11 @@ GitHubOAuthenticator with `github_url` pointing here uses them unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
 import logging
+import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from xml.sax.saxutils import escape
@@ -33,6 +35,27 @@ log = logging.getLogger("github_sim")
 DOCS = "https://docs.github.com/rest"
 DEFAULT_PER_PAGE = 30
 DENIED = "The user has denied your application access."
+RESTRICTED = (
+    "Although you appear to have the correct authorization credentials, the `{org}` "
+    "organization has enabled OAuth App access restrictions, meaning that data access to "
+    "third-parties is limited. For more information on these restrictions, including how to "
+    "enable this app, visit "
+    "https://docs.github.com/articles/restricting-access-to-your-organization-s-data/"
+)
+SAML = (
+    "Resource protected by organization SAML enforcement. You must grant your OAuth token "
+    "access to this organization."
+)
+FAULT_MESSAGES = {
+    401: "Bad credentials",
+    403: "Forbidden",
+    404: "Not Found",
+    429: "You have exceeded a secondary rate limit. Please wait a few minutes before you try "
+    "again.",
+    500: "Server Error",
+    502: "Server Error",
+    503: "Service Unavailable",
+}
 
 
 def _with_query(url: str, **params: str) -> str:
@@ -43,19 +66,45 @@ def _with_query(url: str, **params: str) -> str:
 
 
 class SimHandler(tornado.web.RequestHandler):
-    def initialize(self, state: GitHubState) -> None:
+    def initialize(self, state: GitHubState, prefix: str = "/api/v3", web: str = "") -> None:
         self.state = state
+        self.prefix = prefix  # where the REST API is: /api/v3 (Enterprise Server) or / (ghe.com)
+        self.web = web  # the web flow's origin when the API has a host of its own
 
     def check_xsrf_cookie(self) -> None:  # GitHub's token endpoint takes cross-site POSTs
         pass
 
     @property
     def web_url(self) -> str:
-        return f"{self.request.protocol}://{self.request.host}"
+        return self.web or f"{self.request.protocol}://{self.request.host}"
 
     @property
     def api_url(self) -> str:
-        return f"{self.web_url}/api/v3"
+        return f"{self.request.protocol}://{self.request.host}{self.prefix}"
+
+    async def prepare(self) -> None:
+        """Injected faults (GitHubState.fail): a delay, then GitHub's answer for the status."""
+        fault = self.state.fault_for(self.request.path)
+        if fault is None:
+            return
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
+        if fault.status is None:
+            return
+        status, message = fault.status, FAULT_MESSAGES[fault.status]
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        if status == 429 or fault.rate_limited:
+            reset = int(time.time()) + fault.retry_after
+            self.set_header("Retry-After", str(fault.retry_after))
+            self.set_header("X-RateLimit-Limit", "5000")
+            self.set_header("X-RateLimit-Remaining", "0")
+            self.set_header("X-RateLimit-Reset", str(reset))
+            if fault.rate_limited:
+                message = "API rate limit exceeded for user ID 1."
+        self.set_status(status)
+        self.finish(
+            json.dumps({"message": message, "documentation_url": DOCS, "status": str(status)})
+        )
 
 
 class HomeHandler(SimHandler):
@@ -76,12 +125,12 @@ class AuthorizeHandler(SimHandler):
             self.set_status(404)
             self.finish(self._page("Unknown application", f"<p>No OAuth app {client_id!r}.</p>"))
             return
+        if not self.state.callback_url:
+            self.set_status(400)
+            self.finish(self._page("No callback URL", "<p>This OAuth app has no callback URL.</p>"))
+            return
         redirect_uri = self.get_argument("redirect_uri", "") or self.state.callback_url
         state = self.get_argument("state", "")
-        if not redirect_uri:
-            self.set_status(400)
-            self.finish(self._page("No redirect_uri", "<p>The app sent no redirect_uri.</p>"))
-            return
         if not self.state.redirect_allowed(redirect_uri):
             self.redirect(
                 _with_query(
@@ -204,8 +253,11 @@ class ApiHandler(SimHandler):
 
     grant: Grant | None = None
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         self.state.requests.append((self.request.method or "GET", self.request.path))
+        await super().prepare()
+        if self._finished:
+            return
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("X-GitHub-Media-Type", "github.v3; format=json")
         header = self.request.headers.get("Authorization", "")
@@ -234,6 +286,31 @@ class ApiHandler(SimHandler):
 
     def send(self, body: Any) -> None:
         self.finish(json.dumps(body))
+
+    def refused_org(self, org_login: str) -> bool:
+        """Answer GitHub's 403 when the token may not see this organization's data (OAuth
+        App access restrictions, SAML SSO not authorized); True if it did."""
+        org = self.state.orgs.get(org_login.lower())
+        if org is None or self.grant is None:
+            return False
+        why = org.hidden_by(self.grant.login)
+        if why == "restricted":
+            self.fail(403, RESTRICTED.format(org=org.login))
+        elif why == "saml":
+            self.set_header(
+                "X-GitHub-SSO",
+                f"required; url={self.web_url}/orgs/{org.login}/sso?authorization_request="
+                f"{org.id}{self.state.users[self.grant.login].id}",
+            )
+            self.fail(403, SAML)
+        return why is not None
+
+    def sso_partial(self, login: str) -> None:
+        """GitHub's header when a list leaves out organizations for want of SSO."""
+        hidden = self.state.sso_hidden_orgs(login)
+        if hidden:
+            ids = ",".join(str(o.id) for o in hidden)
+            self.set_header("X-GitHub-SSO", f"partial-results; organizations={ids}")
 
     def no_content(self) -> None:
         self.set_status(204)
@@ -331,7 +408,8 @@ class ApiHandler(SimHandler):
             "description": org.name,
         }
 
-    def team_json(self, team: Team) -> dict[str, Any]:
+    def team_simple_json(self, team: Team) -> dict[str, Any]:
+        """GitHub's team-simple (a team's `parent`): no organization, no parent of its own."""
         org = self.state.orgs[team.org.lower()]
         api = f"{self.api_url}/organizations/{org.id}/team/{team.id}"
         return {
@@ -347,7 +425,14 @@ class ApiHandler(SimHandler):
             "members_url": f"{api}/members{{/member}}",
             "repositories_url": f"{api}/repos",
             "permission": "pull",
-            "parent": None,
+        }
+
+    def team_json(self, team: Team) -> dict[str, Any]:
+        org = self.state.orgs[team.org.lower()]
+        parent = org.teams[team.parent] if team.parent else None
+        return {
+            **self.team_simple_json(team),
+            "parent": self.team_simple_json(parent) if parent else None,
             "members_count": len(team.members),
             "repos_count": 0,
             "created_at": "2020-01-01T00:00:00Z",
@@ -398,6 +483,7 @@ class UserTeamsHandler(ApiHandler):
             self.fail(403, "Resource not accessible: the token needs the read:org scope")
             return
         teams = self.state.teams_of(grant.login)
+        self.sso_partial(grant.login)
         self.send([self.team_json(t) for t in self.paginate(teams)])
 
 
@@ -405,7 +491,52 @@ class UserOrgsHandler(ApiHandler):
     def get(self) -> None:
         grant = self.authenticated()
         if grant:
+            self.sso_partial(grant.login)
             self.send([self.org_json(o) for o in self.paginate(self.state.orgs_of(grant))])
+
+
+class MembershipsHandler(ApiHandler):
+    """GET /user/memberships/orgs[/{org}]: the user's own memberships, which OAuth App
+    restrictions and SAML SSO do not hide."""
+
+    def get(self, org_login: str | None = None) -> None:
+        grant = self.authenticated()
+        if grant is None:
+            return
+        orgs = self.state.memberships_of(grant.login)
+        if org_login is not None:
+            found = [o for o in orgs if o.login.lower() == org_login.lower()]
+            if not found:
+                self.fail(404, "Not Found")
+                return
+            self.send(self.membership_json(found[0], grant.login))
+            return
+        self.send([self.membership_json(o, grant.login) for o in self.paginate(orgs)])
+
+    def membership_json(self, org: Org, login: str) -> dict[str, Any]:
+        user = self.state.users[login]
+        return {
+            "url": f"{self.api_url}/orgs/{org.login}/memberships/{user.login}",
+            "state": "active",
+            "role": "admin" if org.members.get(login) == "admin" else "member",
+            "organization_url": f"{self.api_url}/orgs/{org.login}",
+            "organization": self.org_json(org),
+            "user": {"login": user.login, "id": user.id, "type": "User"},
+        }
+
+
+class TeamHandler(ApiHandler):
+    """GET /orgs/{org}/teams/{slug}: one team, with its parent."""
+
+    def get(self, org: str, slug: str) -> None:
+        grant = self.authenticated()
+        if grant is None or self.refused_org(org):
+            return
+        team = self.state.visible_team(grant, org, slug)
+        if team is None:
+            self.fail(404, "Not Found")
+            return
+        self.send(self.team_json(team))
 
 
 class OrgMemberHandler(ApiHandler):
@@ -414,6 +545,8 @@ class OrgMemberHandler(ApiHandler):
     stand-in answers what that redirect would."""
 
     def get(self, org: str, login: str) -> None:
+        if self.refused_org(org):
+            return
         anonymous = Grant(login="", client_id="", scopes=())
         if self.state.is_org_member(self.grant or anonymous, org, login):
             self.no_content()
@@ -422,15 +555,15 @@ class OrgMemberHandler(ApiHandler):
 
 
 class TeamMemberHandler(ApiHandler):
-    """GET /orgs/{org}/teams/{slug}/members/{user}: 204 member, 404 not (the legacy shape
-    GitHubOAuthenticator's `org:team` check uses)."""
+    """GET /orgs/{org}/teams/{slug}/members/{user}: 204 member (of the team or a team nested
+    in it), 404 not (the legacy shape GitHubOAuthenticator's `org:team` check uses)."""
 
     def get(self, org: str, slug: str, login: str) -> None:
         grant = self.authenticated()
-        if grant is None:
+        if grant is None or self.refused_org(org):
             return
         team = self.state.visible_team(grant, org, slug)
-        if team is not None and login.lower() in team.members:
+        if team is not None and self.state.in_team(team, login):
             self.no_content()
         else:
             self.fail(404, "Not Found")
@@ -441,17 +574,17 @@ class TeamMembershipHandler(ApiHandler):
 
     def get(self, org: str, slug: str, login: str) -> None:
         grant = self.authenticated()
-        if grant is None:
+        if grant is None or self.refused_org(org):
             return
         team = self.state.visible_team(grant, org, slug)
-        if team is None or login.lower() not in team.members:
+        if team is None or not self.state.in_team(team, login):
             self.fail(404, "Not Found")
             return
         self.send(
             {
                 "url": f"{self.api_url}/organizations/{self.state.orgs[org.lower()].id}/team/"
                 f"{team.id}/memberships/{login}",
-                "role": team.members[login.lower()],
+                "role": team.members.get(login.lower(), "member"),
                 "state": "active",
             }
         )
@@ -470,22 +603,42 @@ def _log_request(handler: tornado.web.RequestHandler) -> None:
     log.info("%d %s %s", handler.get_status(), request.method, request.path)
 
 
-def make_app(state: GitHubState) -> tornado.web.Application:
-    kw = {"state": state}
-    name = r"([A-Za-z0-9][A-Za-z0-9-]*)"
-    return tornado.web.Application(
-        [
-            (r"/", HomeHandler, kw),
-            (r"/login/oauth/authorize", AuthorizeHandler, kw),
-            (r"/login/oauth/access_token", AccessTokenHandler, kw),
-            (r"/api/v3/user", UserHandler, kw),
-            (r"/api/v3/user/emails", EmailsHandler, kw),
-            (r"/api/v3/user/teams", UserTeamsHandler, kw),
-            (r"/api/v3/user/orgs", UserOrgsHandler, kw),
-            (rf"/api/v3/orgs/{name}/members/{name}", OrgMemberHandler, kw),
-            (rf"/api/v3/orgs/{name}/teams/{name}/members/{name}", TeamMemberHandler, kw),
-            (rf"/api/v3/orgs/{name}/teams/{name}/memberships/{name}", TeamMembershipHandler, kw),
-            (r"/api/v3/(.*)", NotFoundHandler, kw),
-        ],
-        log_function=_log_request,
-    )
+def make_apps(
+    state: GitHubState, layout: str = "server", web: str = ""
+) -> list[tornado.web.Application]:
+    """The stand-in's applications: one ("server": the web flow and the REST API under
+    /api/v3, as GitHub Enterprise Server) or two ("ghe.com": the web flow, and the REST API
+    at the root of a host of its own, as api.github.com and api.SUB.ghe.com serve it; ``web``
+    is the web flow's origin, for the API's html_url links)."""
+    name = r"([A-Za-z0-9][A-Za-z0-9_.-]*)"
+    web_routes = [
+        (r"/", HomeHandler),
+        (r"/login/oauth/authorize", AuthorizeHandler),
+        (r"/login/oauth/access_token", AccessTokenHandler),
+    ]
+    api_routes = [
+        ("/user", UserHandler),
+        ("/user/emails", EmailsHandler),
+        ("/user/teams", UserTeamsHandler),
+        ("/user/orgs", UserOrgsHandler),
+        ("/user/memberships/orgs", MembershipsHandler),
+        (rf"/user/memberships/orgs/{name}", MembershipsHandler),
+        (rf"/orgs/{name}/members/{name}", OrgMemberHandler),
+        (rf"/orgs/{name}/teams/{name}", TeamHandler),
+        (rf"/orgs/{name}/teams/{name}/members/{name}", TeamMemberHandler),
+        (rf"/orgs/{name}/teams/{name}/memberships/{name}", TeamMembershipHandler),
+        ("/(.*)", NotFoundHandler),
+    ]
+
+    def app(routes, api_prefix: str, web_origin: str = "") -> tornado.web.Application:
+        kw = {"state": state, "prefix": api_prefix, "web": web_origin}
+        return tornado.web.Application(
+            [(path, handler, kw) for path, handler in routes], log_function=_log_request
+        )
+
+    if layout == "server":
+        api = [(f"/api/v3{path}", handler) for path, handler in api_routes]
+        return [app([*web_routes, *api], "/api/v3")]
+    if layout == "ghe.com":
+        return [app(web_routes, ""), app(api_routes, "", web)]
+    raise ValueError(f"layout must be server or ghe.com, not {layout!r}")

@@ -11,14 +11,20 @@ only by its members and the organization's owners; `/user/emails` needs `user:em
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 CODE_LIFETIME_SECONDS = 600  # GitHub's authorization codes expire after ten minutes
+# a loopback callback: GitHub lets a loopback redirect_uri use any port (docs: "Loopback
+# redirect urls"), so every test hub on 127.0.0.1 matches it
+DEFAULT_CALLBACK = "http://127.0.0.1/hub/oauth_callback"
+LOOPBACK = ("127.0.0.1", "::1", "[::1]")
 # scopes that include others (GitHub's scope hierarchy, the parts the stand-in checks)
 IMPLIED_SCOPES = {
     "admin:org": {"write:org", "read:org"},
@@ -69,6 +75,7 @@ class Team:
     description: str = ""
     privacy: str = "closed"  # closed: visible to the organization; secret: to its members
     members: dict[str, str] = field(default_factory=dict)  # lower login -> member | maintainer
+    parent: str | None = None  # lower slug of the parent team, in the same organization
 
 
 @dataclass
@@ -79,13 +86,39 @@ class Org:
     members: dict[str, str] = field(default_factory=dict)  # lower login -> member | admin
     public_members: set[str] = field(default_factory=set)  # lower logins
     teams: dict[str, Team] = field(default_factory=dict)  # lower slug -> team
+    restricts_apps: bool = False  # OAuth App access restrictions on (GitHub's default for new orgs)
+    app_approved: bool = False  # an owner approved the app despite them
+    saml: bool = False  # SAML SSO enforced: a token needs authorizing for the org
+    sso_authorized: set[str] = field(default_factory=set)  # lower logins whose token is
+
+    def hidden_by(self, login: str) -> str | None:
+        """Why this organization's data is kept from a token of ``login``: "restricted"
+        (OAuth App access restrictions, app not approved), "saml" (not authorized for SSO)."""
+        if self.restricts_apps and not self.app_approved:
+            return "restricted"
+        if self.saml and login not in self.sso_authorized:
+            return "saml"
+        return None
+
+
+@dataclass
+class Fault:
+    """Requests to ``path`` (exact, or a glob) answered ``status`` (None: answered normally),
+    after ``delay`` seconds, ``times`` times (None: until cleared)."""
+
+    path: str
+    status: int | None
+    times: int | None = None
+    retry_after: int = 60
+    delay: float = 0.0
+    rate_limited: bool = False
 
 
 @dataclass
 class Grant:
     """An issued authorization code or access token."""
 
-    login: str  # lower case
+    login: str  # lower case (follows a rename)
     client_id: str
     scopes: tuple[str, ...]
     redirect_uri: str = ""
@@ -132,13 +165,13 @@ class GitHubState:
         self,
         client_id: str = "gputap-test-client",
         client_secret: str = "gputap-test-secret",
-        callback_url: str = "",
+        callback_url: str = DEFAULT_CALLBACK,
         max_per_page: int = 100,
         clock=time.monotonic,
     ):
         self.client_id = client_id
         self.client_secret = client_secret
-        self.callback_url = callback_url  # empty: any redirect_uri is accepted
+        self.callback_url = callback_url  # the app's one registered callback; empty: none
         self.max_per_page = max_per_page  # GitHub's cap is 100
         self.clock = clock
         self.users: dict[str, User] = {}
@@ -146,6 +179,7 @@ class GitHubState:
         self.codes: dict[str, Grant] = {}
         self.tokens: dict[str, Grant] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every API call, in order
+        self.faults: list[Fault] = []
         self._ids = iter(range(1001, 10**9))
         self._lock = threading.RLock()
 
@@ -177,13 +211,16 @@ class GitHubState:
         admins: list[str] | None = None,
         public_members: list[str] | None = None,
         name: str | None = None,
+        restricts_apps: bool = False,
+        saml: bool = False,
     ) -> Org:
         """Declare an organization; `admins` are its owners, `public_members` made their
-        membership public (everyone sees it, with or without `read:org`)."""
+        membership public (everyone sees it, with or without `read:org`); `restricts_apps`:
+        OAuth App access restrictions on, the app not approved; `saml`: SSO enforced."""
         with self._lock:
             if login.lower() in self.orgs:
                 raise SimError(f"organization {login} already exists")
-            org = Org(login, next(self._ids), name)
+            org = Org(login, next(self._ids), name, restricts_apps=restricts_apps, saml=saml)
             self.orgs[login.lower()] = org
             for user in members or []:
                 self.add_member(login, user)
@@ -213,21 +250,99 @@ class GitHubState:
         name: str | None = None,
         privacy: str = "closed",
         description: str = "",
+        parent: str | None = None,
     ) -> Team:
-        """Declare a team of an organization; its members join the organization too."""
+        """Declare a team of an organization; its members join the organization too.
+        `parent`: the slug of its parent team (GitHub's nested teams)."""
         with self._lock:
             o = self._org(org)
             if slug.lower() in o.teams:
                 raise SimError(f"team {org}:{slug} already exists")
             if privacy not in ("closed", "secret"):
                 raise SimError(f"team privacy must be closed or secret, not {privacy!r}")
+            if parent is not None and parent.lower() not in o.teams:
+                raise SimError(f"no parent team {org}:{parent}; add it first")
+            if parent is not None and privacy == "secret":
+                raise SimError("a secret team cannot be nested (GitHub: only closed teams)")
             team = Team(o.login, slug, next(self._ids), name or slug, description, privacy)
+            team.parent = parent.lower() if parent else None
             o.teams[slug.lower()] = team
             for role, logins in (("member", members), ("maintainer", maintainers)):
                 for login in logins or []:
                     self.add_member(org, login)
                     team.members[login.lower()] = role
             return team
+
+    def restrict_apps(self, org: str) -> None:
+        """Turn OAuth App access restrictions on (the app is no longer approved)."""
+        with self._lock:
+            o = self._org(org)
+            o.restricts_apps, o.app_approved = True, False
+
+    def approve_app(self, org: str) -> None:
+        """An owner of ``org`` approves the app: its tokens see the organization's data."""
+        with self._lock:
+            self._org(org).app_approved = True
+
+    def require_saml(self, org: str) -> None:
+        with self._lock:
+            self._org(org).saml = True
+
+    def authorize_sso(self, login: str, org: str) -> None:
+        """``login`` authorized their token for ``org``'s SAML SSO."""
+        with self._lock:
+            self._org(org).sso_authorized.add(self._user(login).login.lower())
+
+    def rename_user(self, old: str, new: str) -> User:
+        """GitHub's rename: the same account (id, tokens, memberships) under a new login; the
+        old login is free for anyone."""
+        with self._lock:
+            user = self._user(old)
+            if new.lower() in self.users and new.lower() != old.lower():
+                raise SimError(f"login {new} is taken")
+            was, now = user.login.lower(), new.lower()
+            del self.users[was]
+            user.login = new
+            self.users[now] = user
+            for org in self.orgs.values():
+                if was in org.members:
+                    org.members[now] = org.members.pop(was)
+                for group in (org.public_members, org.sso_authorized):
+                    if was in group:
+                        group.discard(was)
+                        group.add(now)
+                for team in org.teams.values():
+                    if was in team.members:
+                        team.members[now] = team.members.pop(was)
+            for grant in (*self.codes.values(), *self.tokens.values()):
+                if grant.login == was:
+                    grant.login = now
+            return user
+
+    def fail(self, path: str, status: int | None, **kwargs: Any) -> Fault:
+        """Answer requests to ``path`` (exact or glob) with ``status``: see :class:`Fault`."""
+        if status not in (None, 401, 403, 404, 429, 500, 502, 503):
+            raise SimError(f"fault status {status} is not one GitHub answers here")
+        with self._lock:
+            fault = Fault(path, status, **kwargs)
+            self.faults.append(fault)
+            return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def fault_for(self, path: str) -> Fault | None:
+        """The fault that applies to this request (counting it), or None."""
+        with self._lock:
+            for fault in self.faults:
+                if fault.path == path or fnmatch.fnmatchcase(path, fault.path):
+                    if fault.times is not None:
+                        fault.times -= 1
+                        if fault.times <= 0:
+                            self.faults.remove(fault)
+                    return fault
+            return None
 
     def load(self, spec: dict[str, Any]) -> None:
         """Declare what a spec holds (the YAML of `python -m tests.github_sim --users`)."""
@@ -256,11 +371,21 @@ class GitHubState:
     # -- OAuth ----------------------------------------------------------------------------
 
     def redirect_allowed(self, redirect_uri: str) -> bool:
-        """GitHub accepts the registered callback URL or a path below it on the same host."""
+        """GitHub's rule: the registered callback's scheme and host (sub-domains allowed) and
+        port (any port on a loopback host), and its path or a sub-path of it."""
         if not self.callback_url:
-            return True
-        base = self.callback_url.rstrip("/")
-        return redirect_uri == base or redirect_uri.startswith(base + "/")
+            return False
+        given, registered = urlsplit(redirect_uri), urlsplit(self.callback_url)
+        host, home = (given.hostname or "").lower(), (registered.hostname or "").lower()
+        if given.scheme != registered.scheme or not (host == home or host.endswith("." + home)):
+            return False
+        if host not in LOOPBACK and given.port != registered.port:
+            return False
+        base = registered.path.rstrip("/")
+        path = given.path
+        if "/../" in path + "/" or "/./" in path + "/":
+            return False
+        return path == base or path.rstrip("/") == base or path.startswith(base + "/")
 
     def issue_code(
         self,
@@ -344,22 +469,61 @@ class GitHubState:
                 return None
             return team
 
+    def in_team(self, team: Team, login: str) -> bool:
+        """Whether ``login`` is a member of ``team`` or of a team nested in it (any depth),
+        as GitHub's team member endpoints count."""
+        with self._lock:
+            org = self.orgs[team.org.lower()]
+            todo, seen = [team.slug.lower()], set()
+            while todo:
+                slug = todo.pop()
+                if slug in seen:
+                    continue
+                seen.add(slug)
+                if login.lower() in org.teams[slug].members:
+                    return True
+                todo += [t.slug.lower() for t in org.teams.values() if t.parent == slug]
+            return False
+
     def teams_of(self, login: str) -> list[Team]:
-        """Every team the user belongs to, ordered by organization then slug."""
+        """Every team the user belongs to directly (GET /user/teams lists no parent teams),
+        in organizations whose data a token of the user may see; by organization, slug."""
         with self._lock:
             return [
                 team
                 for org in sorted(self.orgs.values(), key=lambda o: o.login.lower())
+                if org.hidden_by(login.lower()) is None
                 for team in sorted(org.teams.values(), key=lambda t: t.slug)
                 if login.lower() in team.members
             ]
 
+    def sso_hidden_orgs(self, login: str) -> list[Org]:
+        """The user's organizations left out of their lists for want of SSO authorization."""
+        with self._lock:
+            return [
+                org
+                for org in sorted(self.orgs.values(), key=lambda o: o.login.lower())
+                if login.lower() in org.members and org.hidden_by(login.lower()) == "saml"
+            ]
+
     def orgs_of(self, grant: Grant) -> list[Org]:
-        """GET /user/orgs: all the user's organizations with `read:org`, else public ones."""
+        """GET /user/orgs: all the user's organizations with `read:org`, else public ones;
+        never those whose data the app may not see."""
         with self._lock:
             return [
                 org
                 for org in sorted(self.orgs.values(), key=lambda o: o.login.lower())
                 if grant.login in org.members
+                and org.hidden_by(grant.login) is None
                 and (grant.login in org.public_members or self.sees_private_membership(grant, org))
+            ]
+
+    def memberships_of(self, login: str) -> list[Org]:
+        """GET /user/memberships/orgs: every organization the user is in, restrictions or
+        not (the user's own membership is theirs to see)."""
+        with self._lock:
+            return [
+                org
+                for org in sorted(self.orgs.values(), key=lambda o: o.login.lower())
+                if login.lower() in org.members
             ]

@@ -29,7 +29,11 @@ def test_demo_stand_in_serves_the_demo_users(tmp_path):
     try:
         page = requests.get(
             f"{url}/login/oauth/authorize",
-            params={"client_id": "gputap-test-client", "redirect_uri": "http://127.0.0.1:9/cb"},
+            # the demo hub's callback on loopback (the stand-in's registered one, any port)
+            params={
+                "client_id": "gputap-test-client",
+                "redirect_uri": "http://127.0.0.1:9/hub/oauth_callback",
+            },
             timeout=5,
         )
         for login in ("alice", "bob", "carol", "dave"):
