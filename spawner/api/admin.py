@@ -30,6 +30,8 @@ from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUna
 from ..lifecycle.moving import MoveRefused
 from .base import API_PATH, GPUTapAPIHandler
 
+#: under the hub's base URL: {base_url}hub/gputap/api/admin/users/{old}/move
+MOVE_PATH = f"{API_PATH}/admin/users"
 #: moves run one at a time: two moves naming the same user must not interleave
 _moving = asyncio.Lock()
 
@@ -195,4 +197,4 @@ class MoveUserHandler(GPUTapAPIHandler):
         self.users.pop(user.id, None)
 
 
-default_handlers = [(rf"/{API_PATH}/admin/users/([^/]+)/move", MoveUserHandler)]
+default_handlers = [(rf"/{MOVE_PATH}/([^/]+)/move", MoveUserHandler)]
