@@ -153,6 +153,12 @@ def test_a_move_is_refused_by_name_while_anything_is_in_the_way(platform):
     assert r.status_code == 409
     assert r.json()["message"] == "Stop these servers first, then move: kit (nothing was moved)"
     platform.stop_server("kit")
+    # a new name nobody signed in with yet: a rename, with nothing to replace
+    r = move(platform, "kit", {"to": "kit.b"})
+    assert r.status_code == 200, r.text
+    assert r.json()["replaced_user"] is False and r.json()["discarded_trial_micro"] is None
+    assert platform.get("/users/kit.b").json()["name"] == "kit.b"
+    assert home(platform, "kit.b").is_dir() and not home(platform, "kit").exists()
 
     used_account(platform, "lee")
     platform.login("lee-new")
