@@ -110,10 +110,12 @@ class MoveUserHandler(GPUTapAPIHandler):
             ) from None
         try:
             await self.rename_user(user, replaced, new)
-        except Exception:
-            self.log.exception("Moving %s to %s: renaming the hub user failed", old, new)
+        except Exception as e:
             await self.undo_billing(billing, old, new)
             await undo_files()
+            if isinstance(e, web.HTTPError):  # a server started meanwhile: said as such
+                raise
+            self.log.exception("Moving %s to %s: renaming the hub user failed", old, new)
             raise web.HTTPError(
                 500,
                 f"Renaming the hub user {old} failed: nothing was moved (the hub's log says why)",
