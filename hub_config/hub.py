@@ -239,8 +239,9 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
     """The hub's own gputap handlers (the spec preview, the user's account, running servers),
-    gputap's links and the credit banner on every hub page (templates/page.html extends
-    JupyterHub's page.html), the running servers on the home and admin pages."""
+        gputap's links and the credit banner on every hub page (templates/page.html extends
+        JupyterHub's page.html), the running servers on the home and admin pages, and the admin
+    page's form that moves a renamed user's account."""
     from spawner import api
 
     c.JupyterHub.extra_handlers = list(api.default_handlers)
@@ -249,6 +250,7 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
         **c.JupyterHub.get("template_vars", {}),  # the login notice, if any
         "gputap_account_url": f"{base_url}hub/{api.account.ACCOUNT_PATH}",
         "gputap_running_url": f"{base_url}hub/{api.running.RUNNING_PATH}",
+        "gputap_move_url": f"{base_url}hub/{api.admin.MOVE_PATH}",
         "gputap_billing_url": f"{base_url}services/billing/",
         "gputap_billing_admin_scope": scopes.BILLING_ADMIN,
         "gputap_credit_refresh_seconds": float(hub["credit_banner_refresh_seconds"]),

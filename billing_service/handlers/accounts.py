@@ -1,5 +1,6 @@
 """Accounts: open one (the hub, at login), read one's balance, pools, open sessions and
-warnings, list them all, and read an account's ledger."""
+warnings, list them all, read an account's ledger, and move one to another username (a
+renamed login)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import logging
 
 from tornado import web
 
+from gputap_common.money import format_credits
+
 from .base import APIHandler
-from .fields import MAX_LENGTH, check_text
+from .fields import MAX_LENGTH, check_text, text_field
 from .views import transaction_view
 
 log = logging.getLogger("billing")
@@ -71,9 +74,43 @@ class TransactionsHandler(APIHandler):
         )
 
 
+class MoveHandler(APIHandler):
+    """``POST api/accounts/{old}/move`` ``{"to": new}``: the account with all its history
+    (balance, ledger, sessions, courses) now belongs to the username ``new``; ``new``'s own
+    untouched trial account is discarded. The hub's move (docs/github.md, "Renamed logins")
+    calls this between moving the files and renaming the hub user; billing admins may call
+    it too, but only the hub renames the hub user and moves the files."""
+
+    @web.authenticated
+    async def post(self, old: str) -> None:
+        if not (self.is_hub or self.is_admin):
+            self.require_admin()
+        new = text_field(self.body(("to",)), "to")
+        check_text(new, "to", MAX_LENGTH["username"])
+        moved = await self.blocking(self.store.move_account, old, new, self.now())
+        discarded = moved.discarded_trial_micro
+        log.info(
+            "Moved billing account %s to %s for %s%s",
+            old,
+            new,
+            self.caller,
+            f" (discarded {new}'s untouched trial of {format_credits(discarded)})"
+            if discarded is not None
+            else "",
+        )
+        self.write_json(
+            {
+                "from": old,
+                "account": self.account_json(moved.state, self.now()),
+                "discarded_trial_micro": discarded,
+            }
+        )
+
+
 default_handlers = [
     (r"api/accounts", AccountsHandler),
     (r"api/accounts/([^/]+)", AccountHandler),
     (r"api/accounts/([^/]+)/transactions", TransactionsHandler),
+    (r"api/accounts/([^/]+)/move", MoveHandler),
     (r"api/me", MeHandler),
 ]

@@ -10,7 +10,7 @@ from the database session.
 
 :class:`Store` owns the engine and the transactions; the work of each operation is a function
 of a database session in the section modules beside this one (accounts, funding, prices,
-admission, sessions, charges, courses, check), and the decisions are pure, in
+admission, sessions, charges, courses, check, moves), and the decisions are pure, in
 :mod:`billing_service.domain`. Most methods are that function itself, marked in its
 section with ``@reads`` or ``@writes`` (:mod:`.operations`): its parameters (less the session
 and the store's :class:`~.terms.Terms`) and its docstring are the method's. The methods
@@ -36,7 +36,18 @@ from ..domain.errors import JoinRateLimited
 from ..domain.money import cost_micro
 from ..domain.pricing import ON_DEMAND, PriceBook, check_price_class
 from ..domain.records import PriceBookRecord, Saved, TransactionRecord
-from . import accounts, admission, charges, check, courses, funding, postings, prices, sessions
+from . import (
+    accounts,
+    admission,
+    charges,
+    check,
+    courses,
+    funding,
+    moves,
+    postings,
+    prices,
+    sessions,
+)
 from .operations import WRITE, method, operations
 from .terms import Terms
 
@@ -55,7 +66,7 @@ def _term(name: str, doc: str) -> property:
     return property(lambda self: getattr(self._terms, name), doc=doc)
 
 
-@operations(accounts, funding, postings, prices, admission, sessions, courses, check)
+@operations(accounts, funding, postings, prices, admission, sessions, courses, check, moves)
 class Store:
     """Billing operations on one database: the methods written here, and those the
     sections mark (``@reads``, ``@writes``; :mod:`.operations`)."""

@@ -2,7 +2,7 @@
 its ``default_handlers``; :data:`default_handlers` is all of them, for
 ``c.JupyterHub.extra_handlers``."""
 
-from . import account, disks, preview, running, servers
+from . import account, admin, disks, preview, running, servers
 
 default_handlers = [
     *preview.default_handlers,
@@ -10,4 +10,5 @@ default_handlers = [
     *running.default_handlers,
     *servers.default_handlers,
     *disks.default_handlers,
+    *admin.default_handlers,
 ]

@@ -149,6 +149,12 @@ class BillingClient:
     async def account(self, username: str) -> dict[str, Any]:
         return await self._call("GET", f"api/accounts/{quote(username, safe='')}")
 
+    async def move_account(self, old: str, new: str) -> dict[str, Any]:
+        """Move ``old``'s account with all its history to the username ``new`` (``new``'s
+        untouched trial account is discarded); BillingRefused (409) says what stands in the
+        way."""
+        return await self._call("POST", f"api/accounts/{quote(old, safe='')}/move", {"to": new})
+
     async def admit(self, username: str, record: ServerRecord) -> dict[str, Any]:
         """Admit the start of ``record``, placing a hold on the minimum billable period's
         cost (``hold_id`` in the answer: the record's session id, so asking again answers

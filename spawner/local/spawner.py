@@ -28,6 +28,8 @@ from ..core.disks import HOME_FOLDER
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..lifecycle.mixin import GPUSpawnerMixin
+from ..lifecycle.moving import MoveRefused, UndoMove
+from . import moves
 from .disks import LocalDiskStore, link_disks
 from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
 
@@ -153,6 +155,31 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     def disk_path(self, name: str) -> str:
         return str(self.server_home / HOME_FOLDER / name)
+
+    async def move_user_files(self, old: str, new: str) -> UndoMove:
+        """Move ``old``'s home and data disks to ``new``'s names (an account move,
+        spawner/lifecycle/moving.py); returns what moves them back. MoveRefused, with
+        nothing moved, when ``new`` holds files there or homes are system users' own."""
+        if self.run_as_system_user:
+            raise MoveRefused(
+                "Servers run as system users, whose homes are their Unix accounts' own: "
+                f"rename the Unix account {old} to {new} (usermod --login {new} --move-home "
+                f"--home /home/{new} {old}) and its disks folder yourself; gputap moves "
+                "only homes under homes_root (nothing was moved)"
+            )
+        loop = asyncio.get_running_loop()
+        renames = await loop.run_in_executor(
+            None, moves.plan, Path(self.homes_root), self.disk_store, old, new
+        )
+        done = await loop.run_in_executor(None, moves.apply, renames)
+        for source, target in done:
+            self.log.info("Moved %s to %s (account %s is now %s)", source, target, old, new)
+
+        async def undo() -> None:
+            await loop.run_in_executor(None, moves.undo, done)
+            self.log.info("Moved %s's files back to %s", new, old)
+
+        return undo
 
     async def _link_disks(self) -> None:
         """Link the disks attached to this server into ~/disks, and unlink those detached.

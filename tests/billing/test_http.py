@@ -585,3 +585,36 @@ def test_the_page_lists_data_disks_with_size_price_and_cost(hub, as_hub):
     assert Decimal("0.10") <= cost < Decimal("0.11")
     assert not re.search(r'<tr class="running-session"', page.text)
     as_hub("POST", "api/sessions/vic-disk/stop", json={"ended_at": start})
+
+
+def test_moving_an_account_is_for_the_hub_and_billing_admins(hub, as_hub, as_ops):
+    as_hub("PUT", "api/accounts/mover")
+    as_ops(
+        "POST",
+        "api/accounts/mover/grants",
+        json={"kind": "topup", "amount": "3.00", "reason": "t", "idempotency_key": "mover-1"},
+    )
+    as_hub("PUT", "api/accounts/mover-new")  # the new login's first sign-in: a trial
+    r = user(hub, "mover")("POST", "api/accounts/mover/move", json={"to": "mover-new"})
+    assert r.status_code == 403 and "Only billing admins" in r.json()["message"]
+    r = as_ops("POST", "api/accounts/mover/move", json={"to": ""})
+    assert r.status_code == 400 and "'to' must not be empty" in r.json()["message"]
+    r = as_ops("POST", "api/accounts/mover/move", json={"to": "mover-new", "x": 1})
+    assert r.status_code == 400 and "x" in r.json()["message"]
+    r = as_hub("POST", "api/accounts/mover/move", json={"to": "mover-new"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["from"] == "mover" and body["account"]["username"] == "mover-new"
+    assert body["account"]["balance"] == "13.00" and body["discarded_trial_micro"] == 10_000_000
+    assert as_hub("GET", "api/accounts/mover").status_code == 404
+    r = as_ops("POST", "api/accounts/mover-new/move", json={"to": "mover-new"})
+    assert r.status_code == 400 and "already named" in r.json()["message"]
+    as_hub("PUT", "api/accounts/mover-3")
+    as_ops(
+        "POST",
+        "api/accounts/mover-3/grants",
+        json={"kind": "topup", "amount": "1.50", "reason": "t", "idempotency_key": "mover-3"},
+    )
+    r = as_ops("POST", "api/accounts/mover-new/move", json={"to": "mover-3"})
+    assert r.status_code == 409
+    assert r.json()["message"].startswith("mover-3 already holds paid credit 1.50")

@@ -67,6 +67,10 @@ COURSE, ARCHIVED = "oa-course", "oa-old"
 USERS = ["oa-ada", "oa-bo"]
 #: admissions go to their own account: generated sessions may spend the others' credit
 ADMITTED = "oa-cy"
+#: accounts generated moves take (with nothing running, so they may move), and the names
+#: they move to
+MOVERS = [f"oa-mover{i}" for i in range(10)]
+MOVED = [f"oa-moved{i}" for i in range(10)]
 #: sessions the fixture starts, and ids of sessions generated requests may start
 SESSION_IDS = ["oa-s1", "oa-s2", "oa-s3"]
 NEW_SESSION_IDS = [f"oa-new{i}" for i in range(6)]
@@ -118,6 +122,8 @@ def known(hub):
         assert r.status_code in (200, 201), r.text
         return r.json()
 
+    for name in MOVERS:
+        call(hub.hub_token, "PUT", f"api/accounts/{name}")
     for name in [*USERS, ADMITTED]:
         call(hub.hub_token, "PUT", f"api/accounts/{name}")
         grant = {"kind": "topup", "amount": "1000000", "reason": "fuzz", "idempotency_key": name}
@@ -223,6 +229,11 @@ def steer(case, draw, known) -> None:
             for key, strategy in values.items():
                 if key in container:
                     container[key] = draw(strategy)
+    if case.path.endswith("/move"):  # the others' accounts stay where the other tests look
+        if isinstance(case.path_parameters, dict) and "username" in case.path_parameters:
+            case.path_parameters["username"] = draw(st.sampled_from(MOVERS + MOVED))
+        if isinstance(case.body, dict) and "to" in case.body:
+            case.body["to"] = draw(st.sampled_from(MOVERS + MOVED))
 
 
 @pytest.mark.parametrize("caller", ["hub", "admin"])
