@@ -216,15 +216,7 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
             if team
             else f"/orgs/{org}/members/{username}"
         )
-        response = await self.httpfetch(
-            f"{self.github_api}{path}",
-            "checking membership",
-            parse_json=False,
-            raise_error=False,
-            method="GET",
-            headers=self.build_userdata_request_headers(token["access_token"], token["token_type"]),
-            validate_cert=self.validate_server_cert,
-        )
+        response = await self._answer(path, "checking membership", token)
         if response.code == 204:
             return True
         if response.code == 404:
@@ -242,14 +234,8 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
     async def _in_org(self, org: str, token: dict[str, Any]) -> bool:
         """GET /user/memberships/orgs/{org}: the user's own membership, which GitHub tells
         even when the organization hides its data from the app."""
-        response = await self.httpfetch(
-            f"{self.github_api}/user/memberships/orgs/{org}",
-            "checking the user's own membership",
-            parse_json=False,
-            raise_error=False,
-            method="GET",
-            headers=self.build_userdata_request_headers(token["access_token"], token["token_type"]),
-            validate_cert=self.validate_server_cert,
+        response = await self._answer(
+            f"/user/memberships/orgs/{org}", "checking the user's own membership", token
         )
         if response.code == 404:
             return False
@@ -291,6 +277,19 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
         return await self.httpfetch(
             url,
             "fetching from GitHub",
+            method="GET",
+            headers=self.build_userdata_request_headers(token["access_token"], token["token_type"]),
+            validate_cert=self.validate_server_cert,
+        )
+
+    async def _answer(self, path: str, label: str, token: dict[str, Any]) -> Any:
+        """GitHub's answer to ``GET {api}{path}`` whatever its status (the caller reads it);
+        only a GitHub that does not answer raises."""
+        return await self.httpfetch(
+            f"{self.github_api}{path}",
+            label,
+            parse_json=False,
+            raise_error=False,
             method="GET",
             headers=self.build_userdata_request_headers(token["access_token"], token["token_type"]),
             validate_cert=self.validate_server_cert,
@@ -338,14 +337,8 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
             if membership.get("state") != "active" or org.lower() in visible:
                 continue
             # asking the org says why: 403 with X-GitHub-SSO, or the app-restriction message
-            response = await self.httpfetch(
-                f"{self.github_api}/orgs/{org}/members/{login}",
-                "asking why an organization is hidden",
-                parse_json=False,
-                raise_error=False,
-                method="GET",
-                headers=self.build_userdata_request_headers(access, kind),
-                validate_cert=self.validate_server_cert,
+            response = await self._answer(
+                f"/orgs/{org}/members/{login}", "asking why an organization is hidden", token
             )
             failure = classify(
                 response.code, response.headers, response.body, "", clock.utcnow(), org=org
