@@ -5,7 +5,14 @@ and the generators of ``hub_config/defaults.yaml`` and the README's configuratio
 (``python -m gputap_common.settings --help``).
 """
 
-from .load import ENV_PREFIX, Settings, deep_merge, env_overrides, load_settings
+from .load import (
+    ENV_PREFIX,
+    Settings,
+    deep_merge,
+    env_overrides,
+    load_settings,
+    settings_from_mapping,
+)
 from .schema import SCHEMA_PATH, defaults, node_at, schema
 from .validate import SettingsError, validate, validated
 
@@ -20,6 +27,7 @@ __all__ = [
     "load_settings",
     "node_at",
     "schema",
+    "settings_from_mapping",
     "validate",
     "validated",
 ]

@@ -2,6 +2,7 @@
 
 python -m gputap_common.settings defaults > hub_config/defaults.yaml
 python -m gputap_common.settings reference --write README.md
+python -m gputap_common.settings helm-schema > helm/gputap/values.schema.json
 python -m gputap_common.settings check [FILE]   # FILE, else $GPUTAP_SETTINGS, and GPUTAP__*
 """
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .load import load_settings
-from .render import defaults_yaml, reference_markdown, with_reference
+from .render import defaults_yaml, helm_values_schema_json, reference_markdown, with_reference
 from .validate import SettingsError
 
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("defaults", help="print hub_config/defaults.yaml as the schema makes it")
+    commands.add_parser("helm-schema", help="print the Helm chart's values.schema.json")
     reference = commands.add_parser("reference", help="print the README's settings reference")
     reference.add_argument(
         "--write", metavar="README", type=Path, help="replace the reference between its markers"
@@ -32,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "defaults":
         sys.stdout.write(defaults_yaml())
+    elif args.command == "helm-schema":
+        sys.stdout.write(helm_values_schema_json())
     elif args.command == "reference" and args.write:
         args.write.write_text(with_reference(args.write.read_text()))
     elif args.command == "reference":

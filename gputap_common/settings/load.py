@@ -173,13 +173,33 @@ def load_settings(
 ) -> Settings:
     """Load defaults, then the operator's file, then environment overrides, each checked."""
     environ = os.environ if environ is None else environ
-    raw = defaults()
-    source: Path | None = None
     chosen = path if path is not None else environ.get("GPUTAP_SETTINGS")
-    if chosen:
-        source = Path(chosen).resolve()
-        data = _read_yaml(source)
-        validate(data, origin=str(source))
+    if not chosen:
+        return _resolve({}, None, environ)
+    source = Path(chosen).resolve()
+    return _resolve(_read_yaml(source), source, environ)
+
+
+def settings_from_mapping(
+    data: Mapping[str, Any] | None, origin: str, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """The same as :func:`load_settings`, with the operator's settings given as a mapping
+    (the Helm chart's ``custom.gputap`` values) rather than a file; ``origin`` names them in
+    a refusal. A relative ``data_dir`` is resolved against the working directory."""
+    environ = os.environ if environ is None else environ
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{origin}: must be a mapping of settings, not {type(data).__name__}")
+    return _resolve(_drop_empty_sections(dict(data), settings_schema()), None, environ, origin)
+
+
+def _resolve(
+    data: dict[str, Any], source: Path | None, environ: Mapping[str, str], origin: str = ""
+) -> Settings:
+    raw = defaults()
+    if data or source is not None:
+        validate(data, origin=origin or str(source))
         raw = deep_merge(raw, data)
     raw = deep_merge(raw, env_overrides(environ, raw))
     # list items declared with defaults (hub.services[].scopes) get them here

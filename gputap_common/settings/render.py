@@ -5,6 +5,7 @@ reference (a table per section). Tests keep both files equal to what this makes.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from collections.abc import Iterator, Mapping
@@ -19,6 +20,10 @@ from .validate import describe
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS_FILE = ROOT / "hub_config" / "defaults.yaml"
 README = ROOT / "README.md"
+HELM_SCHEMA_FILE = ROOT / "helm" / "gputap" / "values.schema.json"
+HELM_SCHEMA_COMMAND = (
+    "python -m gputap_common.settings helm-schema > helm/gputap/values.schema.json"
+)
 DEFAULTS_COMMAND = "python -m gputap_common.settings defaults > hub_config/defaults.yaml"
 REFERENCE_COMMAND = "python -m gputap_common.settings reference --write README.md"
 START = "<!-- settings-reference:start -->"
@@ -43,6 +48,36 @@ def defaults_yaml() -> str:
         lines.append("")
         lines += _yaml_entry(key, node, values[key], "")
     return "\n".join(lines) + "\n"
+
+
+def helm_values_schema() -> dict[str, Any]:
+    """The Helm chart's ``values.schema.json``: gputap's schema, strict, at
+    ``jupyterhub.custom.gputap``; the rest of ``jupyterhub`` is left to zero-to-jupyterhub's
+    own schema, which Helm applies to the subchart's values."""
+    gputap = {key: value for key, value in schema().items() if key != "$schema"}
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$comment": f"Generated from gputap_common/settings/schema.yaml: {HELM_SCHEMA_COMMAND}",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "global": {"type": "object"},
+            "jupyterhub": {
+                "type": "object",
+                "properties": {
+                    "custom": {
+                        "type": "object",
+                        "properties": {"gputap": gputap},
+                    }
+                },
+            },
+        },
+    }
+
+
+def helm_values_schema_json() -> str:
+    """The text of ``helm/gputap/values.schema.json``."""
+    return json.dumps(helm_values_schema(), indent=2) + "\n"
 
 
 def _yaml_entry(key: str, node: Mapping[str, Any], value: Any, pad: str) -> list[str]:

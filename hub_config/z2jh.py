@@ -1,0 +1,70 @@
+"""gputap in zero-to-jupyterhub's hub pod: the Helm chart's ``hub.extraConfig`` calls
+
+    from z2jh import get_config
+    from hub_config.z2jh import configure
+    configure(c, get_config("custom.gputap"))
+
+after z2jh's own ``jupyterhub_config.py``. ``custom.gputap`` holds the same settings as one
+machine's settings file (``hub_config/defaults.yaml``), read by the same loader and checks
+(``GPUTAP__SECTION__KEY`` variables, e.g. a secret from ``hub.extraEnv``, still override).
+z2jh keeps what it owns in the pod: the hub's and proxy's addresses, the database, the cookie
+secret, ``base_url`` and ``hub_connect_url``; gputap sets its spawner, login and hub pages.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gputap_common import scopes
+from gputap_common.settings import Settings, SettingsError, settings_from_mapping
+
+from .hub import _authentication, _disks, _hub_pages, _kubernetes_backend, _server_api_scopes
+
+#: how the settings are named in a refusal: where an operator wrote them
+ORIGIN = "jupyterhub.custom.gputap"
+
+
+def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
+    """``custom.gputap`` checked and completed; the servers' namespace defaults to the hub's
+    own (z2jh's ``POD_NAMESPACE``), as z2jh's own KubeSpawner configuration does."""
+    data = dict(raw or {})
+    kube = dict((data.get("spawner") or {}).get("kubernetes") or {})
+    if not kube.get("namespace") and environ.get("POD_NAMESPACE"):
+        kube["namespace"] = environ["POD_NAMESPACE"]
+        data["spawner"] = {**(data.get("spawner") or {}), "kubernetes": kube}
+    settings = settings_from_mapping(data, ORIGIN, environ)
+    if settings.spawner["backend"] != "kubernetes":
+        raise SettingsError(
+            f"{ORIGIN}: spawner.backend is {settings.spawner['backend']!r}; the Helm chart runs "
+            "servers on Kubernetes, so set spawner.backend: kubernetes (or leave it out)"
+        )
+    return settings
+
+
+def configure(
+    c: Any, raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Fill JupyterHub's config ``c`` (already filled by z2jh) from ``custom.gputap``."""
+    settings = chart_settings(raw, os.environ if environ is None else environ)
+    hub, spawner = settings.hub, settings.spawner
+    _authentication(c, hub, settings.courses["instructor_teams"])
+    c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = hub["named_server_limit_per_user"]
+    # servers keep running (and billing keeps counting) across hub restarts
+    c.JupyterHub.cleanup_servers = False
+    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
+    c.Spawner.default_url = spawner["default_url"]
+    c.Spawner.start_timeout = spawner["start_timeout"]
+    c.Spawner.http_timeout = spawner["start_timeout"]
+    c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
+    c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
+    _kubernetes_backend(c, spawner["kubernetes"])
+    _hub_pages(c, hub, c.JupyterHub.get("base_url", "/"))
+    if not isinstance(c.JupyterHub.get("load_roles"), list):
+        c.JupyterHub.load_roles = []
+    _server_api_scopes(c)
+    _disks(c, spawner["disks"])
+    return settings
