@@ -15,8 +15,3 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
-
-{{/* gputap's settings as the values give them (jupyterhub.custom.gputap). */}}
-{{- define "gputap.settings" -}}
-{{- (.Values.jupyterhub.custom | default dict).gputap | default dict | toYaml -}}
-{{- end -}}
