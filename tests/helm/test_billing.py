@@ -7,6 +7,9 @@ Secret ``hub``; and the hub reaching billing at its Service (hub_config/z2jh.py)
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import helm_python as helm
@@ -308,3 +311,24 @@ def test_the_hub_refuses_to_start_without_billing_declared():
     c.JupyterHub.services = [{"name": "billing", "api_token": "z2jh"}]
     with pytest.raises(SettingsError, match="HELM_RELEASE_NAME"):
         configure(c, gputap, environ={"POD_NAMESPACE": "gputap"})
+
+
+def test_the_init_container_migrates_the_rendered_settings_database(chart_dir, tmp_path):
+    """The init container's command, run with its rendered environment and settings file
+    (the data directory moved from the pod's volume to a temporary one)."""
+    manifests = render(chart_dir, {})
+    deployment = one(manifests, "Deployment", "gputap-billing")
+    (init,) = deployment["spec"]["template"]["spec"]["initContainers"]
+    text = one(manifests, "ConfigMap", "gputap-billing")["data"]["settings.yaml"]
+    settings = yaml.safe_load(text) | {"data_dir": str(tmp_path)}
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(settings))
+    plain = {e["name"]: e["value"] for e in init["env"] if "value" in e}
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GPUTAP")},
+        **plain,
+        "GPUTAP_SETTINGS": str(tmp_path / "settings.yaml"),
+    }
+    command = [sys.executable, *init["command"][1:]]
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "billing.sqlite").exists()
