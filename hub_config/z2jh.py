@@ -14,16 +14,73 @@ secret, ``base_url`` and ``hub_connect_url``; gputap sets its spawner, login and
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError, settings_from_mapping
 
-from .hub import _authentication, _disks, _hub_pages, _kubernetes_backend, _server_api_scopes
+from .hub import (
+    _authentication,
+    _disks,
+    _hub_pages,
+    _kubernetes_backend,
+    _server_api_scopes,
+    _url_path,
+)
 
 #: how the settings are named in a refusal: where an operator wrote them
 ORIGIN = "jupyterhub.custom.gputap"
+#: the chart's name (helm/gputap/Chart.yaml), part of the names of its own objects
+CHART_NAME = "gputap"
+
+
+def chart_fullname(release: str) -> str:
+    """The chart's ``gputap.fullname`` (templates/_helpers.tpl) for the release ``release``."""
+    name = release if CHART_NAME in release else f"{release}-{CHART_NAME}"
+    return name[:63].rstrip("-")
+
+
+def _billing(c: Any, settings: Settings, environ: Mapping[str, str]) -> None:
+    """The hub reaches billing, the chart's own Deployment, at its Service; billing's token is
+    z2jh's (``hub.services.billing``), the spawner's a fresh one per hub start."""
+    release = environ.get("HELM_RELEASE_NAME")
+    if not release:
+        raise SettingsError(
+            "HELM_RELEASE_NAME is not set: gputap's z2jh configuration runs in the hub pod of "
+            "the gputap Helm chart, where z2jh sets it"
+        )
+    url = f"http://{chart_fullname(release)}-billing:{settings.billing['port']}"
+    services = [s for s in c.JupyterHub.get("services", []) if s.get("name") == "billing"]
+    if not services:
+        raise SettingsError(
+            "jupyterhub.hub.services.billing is missing: the chart's values.yaml declares it "
+            "so that z2jh makes billing's token; keep it when overriding jupyterhub.hub.services"
+        )
+    services[0].setdefault("url", url)
+    token = secrets.token_hex(32)
+    base_url = _url_path(c.JupyterHub.get("base_url", "/"))
+    c.GPUSpawnerMixin.billing_url = f"{url}{base_url}services/billing/"
+    c.GPUSpawnerMixin.billing_token = token
+    c.JupyterHub.services.append({"name": "gputap-hub", "api_token": token})
+    roles = c.JupyterHub.load_roles
+    roles.append(
+        {
+            "name": "gputap-hub",
+            "description": "The hub's spawner: prices, admission and billing sessions",
+            "scopes": [scopes.BILLING_HUB, scopes.BILLING_ACCESS],
+            "services": ["gputap-hub"],
+        }
+    )
+    if not any(role["name"] == "user" for role in roles):
+        roles.append(
+            {
+                "name": "user",
+                "description": "Everyone: their own servers, and their billing page",
+                "scopes": ["self", scopes.BILLING_ACCESS],
+            }
+        )
 
 
 def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
@@ -47,7 +104,8 @@ def configure(
     c: Any, raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Fill JupyterHub's config ``c`` (already filled by z2jh) from ``custom.gputap``."""
-    settings = chart_settings(raw, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    settings = chart_settings(raw, environ)
     hub, spawner = settings.hub, settings.spawner
     _authentication(c, hub, settings.courses["instructor_teams"])
     c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
@@ -65,6 +123,7 @@ def configure(
     _hub_pages(c, hub, c.JupyterHub.get("base_url", "/"))
     if not isinstance(c.JupyterHub.get("load_roles"), list):
         c.JupyterHub.load_roles = []
+    _billing(c, settings, environ)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
     return settings

@@ -50,6 +50,60 @@ def defaults_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
+_NAME = {"type": "string", "minLength": 1}
+#: the chart's ``billing:`` values (helm/gputap/templates/billing/): how billing's own
+#: Deployment runs; its settings stay in ``jupyterhub.custom.gputap.billing``
+BILLING_VALUES: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "Billing's Deployment (its settings are jupyterhub.custom.gputap.billing).",
+    "properties": {
+        "image": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "name": _NAME,
+                "tag": {"type": "string", "description": "empty: the chart's appVersion"},
+                "pullPolicy": {"enum": ["", "IfNotPresent", "Always", "Never"]},
+            },
+        },
+        "replicas": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "more than 1 needs PostgreSQL (database.urlSecret)",
+        },
+        "resources": {"type": "object"},
+        "database": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "urlSecret": {
+                    "description": "PostgreSQL: the Secret and key holding billing's "
+                    "database URL; null: SQLite on a PersistentVolumeClaim",
+                    "oneOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["name", "key"],
+                            "properties": {"name": _NAME, "key": _NAME},
+                        },
+                    ],
+                },
+                "sqlite": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "size": _NAME,
+                        "storageClassName": {"type": "string"},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
 def helm_values_schema() -> dict[str, Any]:
     """The Helm chart's ``values.schema.json``: gputap's schema, strict, at
     ``jupyterhub.custom.gputap``; the rest of ``jupyterhub`` is left to zero-to-jupyterhub's
@@ -62,6 +116,7 @@ def helm_values_schema() -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "global": {"type": "object"},
+            "billing": BILLING_VALUES,
             "jupyterhub": {
                 "type": "object",
                 "properties": {

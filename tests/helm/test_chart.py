@@ -161,7 +161,23 @@ def hub_environ(manifests: list[dict]) -> dict[str, str]:
     (container,) = [c for c in hub["spec"]["template"]["spec"]["containers"] if c["name"] == "hub"]
     names = [e["name"] for e in container["env"] if e["name"].startswith("GPUTAP__")]
     assert set(names) <= set(SECRET_VALUES), names
-    return {"POD_NAMESPACE": "gpu-ns", **{name: SECRET_VALUES[name] for name in names}}
+    (release,) = [e["value"] for e in container["env"] if e["name"] == "HELM_RELEASE_NAME"]
+    secrets = {name: SECRET_VALUES[name] for name in names}
+    return {"POD_NAMESPACE": "gpu-ns", "HELM_RELEASE_NAME": release, **secrets}
+
+
+def z2jh_config(values: dict) -> Config:
+    """JupyterHub's config as z2jh's jupyterhub_config.py leaves it for hub.extraConfig:
+    services from hub.services (tokens from Secret `hub`), roles from hub.loadRoles."""
+    c = Config()
+    c.JupyterHub.services = [
+        {"name": key, **service, "api_token": f"z2jh-{key}"}
+        for key, service in values["hub"].get("services", {}).items()
+    ]
+    c.JupyterHub.load_roles = [
+        {"name": key, **role} for key, role in values["hub"].get("loadRoles", {}).items()
+    ]
+    return c
 
 
 @pytest.mark.parametrize("values_file", VALUE_FILES, ids=IDS)
@@ -170,7 +186,7 @@ def test_the_hub_reads_custom_gputap_through_gputap_loader(chart_dir, values_fil
     values = hub_values(manifests)
     snippet = values["hub"]["extraConfig"]["gputap"]
     assert 'configure(c, get_config("custom.gputap"))' in snippet
-    c = Config()
+    c = z2jh_config(values)
     settings = configure(c, values["custom"]["gputap"], environ=hub_environ(manifests))
     assert c.JupyterHub.spawner_class == "gputap-kubernetes"
     assert settings.spawner["backend"] == "kubernetes"
@@ -183,7 +199,11 @@ def test_examples_set_what_they_say(chart_dir):
     rendered = {p.stem: render(chart_dir, values_of(p)) for p in EXAMPLES}
     by_name = {name: hub_values(manifests) for name, manifests in rendered.items()}
     environ = hub_environ(rendered["github-postgres"])
-    github = configure(Config(), by_name["github-postgres"]["custom"]["gputap"], environ=environ)
+    github = configure(
+        z2jh_config(by_name["github-postgres"]),
+        by_name["github-postgres"]["custom"]["gputap"],
+        environ=environ,
+    )
     assert (
         github.hub["github"]["client_secret"] == SECRET_VALUES["GPUTAP__HUB__GITHUB__CLIENT_SECRET"]
     )
