@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.kube.conftest import kube_api  # noqa: E402
+from tests.kube.conftest import create_priority_classes, kube_api  # noqa: E402
 from tests.kube_sim.cluster import SimulatedCluster  # noqa: E402
 from tests.platform import CONFIG, Platform  # noqa: E402
 
@@ -154,6 +154,7 @@ def main() -> None:
             cluster.gpu_node(f"gpu-h100-{i}", product="NVIDIA-H100-80GB-HBM3", mig="all-1g.10gb",
                              cpu="256", memory="4Ti", pods=500)  # fmt: skip
         kube_api(cluster).create_namespace({"metadata": {"name": "gputap"}})
+        create_priority_classes(cluster)
         root = Path(tmp)
         stock_config = root / "stock_config.py"
         stock_config.write_text(STOCK.format(config=str(CONFIG)))

@@ -227,6 +227,12 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+    # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
+    classes = kube["priority_classes"]
+    if classes["on_demand"]:
+        c.GPUKubeSpawner.on_demand_priority_class = classes["on_demand"]
+    if classes["spot"]:
+        c.GPUKubeSpawner.spot_priority_class = classes["spot"]
 
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:

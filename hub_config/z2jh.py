@@ -83,13 +83,32 @@ def _billing(c: Any, settings: Settings, environ: Mapping[str, str]) -> None:
         )
 
 
+#: the chart's name (helm/gputap/Chart.yaml), part of its release-named objects' names
+CHART_NAME = "gputap"
+
+
+def release_fullname(release: str) -> str:
+    """The chart's ``gputap.fullname`` (templates/_helpers.tpl) for a release: the prefix of
+    the cluster-scoped objects it creates, such as its PriorityClasses."""
+    name = release if CHART_NAME in release else f"{release}-{CHART_NAME}"
+    return name[:63].rstrip("-")
+
+
 def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
     """``custom.gputap`` checked and completed; the servers' namespace defaults to the hub's
-    own (z2jh's ``POD_NAMESPACE``), as z2jh's own KubeSpawner configuration does."""
+    own (z2jh's ``POD_NAMESPACE``), as z2jh's own KubeSpawner configuration does, and the
+    PriorityClasses to those the chart creates for the release (z2jh's ``HELM_RELEASE_NAME``)."""
     data = dict(raw or {})
     kube = dict((data.get("spawner") or {}).get("kubernetes") or {})
     if not kube.get("namespace") and environ.get("POD_NAMESPACE"):
         kube["namespace"] = environ["POD_NAMESPACE"]
+    if environ.get("HELM_RELEASE_NAME"):
+        prefix = release_fullname(environ["HELM_RELEASE_NAME"])
+        classes = dict(kube.get("priority_classes") or {})
+        for key, suffix in (("on_demand", "on-demand"), ("spot", "spot")):
+            classes[key] = classes.get(key) or f"{prefix}-{suffix}"
+        kube["priority_classes"] = classes
+    if kube:
         data["spawner"] = {**(data.get("spawner") or {}), "kubernetes": kube}
     settings = settings_from_mapping(data, ORIGIN, environ)
     if settings.spawner["backend"] != "kubernetes":

@@ -104,6 +104,54 @@ BILLING_VALUES: dict[str, Any] = {
 }
 
 
+#: the chart's ``rbac`` key (templates/rbac/)
+RBAC_VALUES: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "gputap's own ServiceAccount, Roles and bindings (docs/kubernetes.md, RBAC).",
+    "properties": {
+        "create": {
+            "type": "boolean",
+            "default": True,
+            "description": "false: you grant what docs/kubernetes.md lists yourself.",
+        }
+    },
+}
+
+
+def _priority_class(what: str, value: int) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": f"The PriorityClass of {what} servers.",
+        "properties": {
+            "value": {
+                "type": "integer",
+                "default": value,
+                "description": "Its priority: on-demand above spot, so it preempts spot.",
+            }
+        },
+    }
+
+
+#: the chart's ``priorityClasses`` key (templates/priorityclasses.yaml); their names are
+#: gputap's settings (spawner.kubernetes.priority_classes), which the hub reads too
+PRIORITY_CLASS_VALUES: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "The cluster-scoped PriorityClasses the chart creates for servers.",
+    "properties": {
+        "create": {
+            "type": "boolean",
+            "default": True,
+            "description": "false: the classes named in custom.gputap exist already.",
+        },
+        "onDemand": _priority_class("on-demand", 1000),
+        "spot": _priority_class("interruptible (spot)", -100),
+    },
+}
+
+
 def helm_values_schema() -> dict[str, Any]:
     """The Helm chart's ``values.schema.json``: gputap's schema, strict, at
     ``jupyterhub.custom.gputap``; the rest of ``jupyterhub`` is left to zero-to-jupyterhub's
@@ -117,6 +165,8 @@ def helm_values_schema() -> dict[str, Any]:
         "properties": {
             "global": {"type": "object"},
             "billing": BILLING_VALUES,
+            "rbac": RBAC_VALUES,
+            "priorityClasses": PRIORITY_CLASS_VALUES,
             "jupyterhub": {
                 "type": "object",
                 "properties": {

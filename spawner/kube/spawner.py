@@ -18,11 +18,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.clients import shared_client
 from tornado import web
-from traitlets import Integer, Unicode
+from traitlets import Unicode
 
 from gputap_common import labels
 from gputap_common.times import parse_kube_time
@@ -48,36 +47,20 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     on_demand_priority_class = Unicode(
         "gputap-on-demand",
         config=True,
-        help="""PriorityClass of on-demand servers (created if missing).
+        help="""PriorityClass of on-demand servers, above spot so that they preempt spot
+        servers. It must exist: gputap never creates it (the Helm chart does).
 
         c.GPUKubeSpawner.on_demand_priority_class = "gputap-on-demand"
-        """,
-    )
-
-    on_demand_priority = Integer(
-        1000,
-        config=True,
-        help="""Priority value of on-demand servers: above spot, so they preempt spot servers.
-
-        c.GPUKubeSpawner.on_demand_priority = 1000
         """,
     )
 
     spot_priority_class = Unicode(
         "gputap-spot",
         config=True,
-        help="""PriorityClass of interruptible (spot) servers (created if missing).
+        help="""PriorityClass of interruptible (spot) servers, below on-demand. It must
+        exist: gputap never creates it (the Helm chart does).
 
         c.GPUKubeSpawner.spot_priority_class = "gputap-spot"
-        """,
-    )
-
-    spot_priority = Integer(
-        -100,
-        config=True,
-        help="""Priority value of spot servers: any on-demand server may preempt them.
-
-        c.GPUKubeSpawner.spot_priority = -100
         """,
     )
 
@@ -132,12 +115,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     # -- inventory ------------------------------------------------------------------------
 
     async def cluster(self) -> ClusterWatcher:
-        """The hub's cluster watcher, started on first use (and its priority classes)."""
+        """The hub's cluster watcher, started on first use."""
         loop = asyncio.get_running_loop()
         async with _watcher_lock:
             watcher = _watchers.get(loop)
             if watcher is None:
-                await self._ensure_priority_classes()
                 watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
                 watcher.on_change.append(lambda _view: self.wake_queue())
                 watcher.start()
@@ -169,27 +151,6 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         watcher = await self.cluster()
         inventory = watcher.inventory
         return (inventory.view if spot else inventory.preemptible_view), False
-
-    async def _ensure_priority_classes(self) -> None:
-        api = shared_client("SchedulingV1Api")
-        for name, value, what in (
-            (self.on_demand_priority_class, self.on_demand_priority, "on-demand"),
-            (self.spot_priority_class, self.spot_priority, "interruptible (spot)"),
-        ):
-            body = {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "gputap"}},
-                "value": value,
-                "globalDefault": False,
-                "description": f"gputap {what} servers",
-            }
-            try:
-                await api.create_priority_class(body)
-                self.log.info("created PriorityClass %s (%d)", name, value)
-            except ApiException as e:
-                if e.status != 409:
-                    raise
 
     # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
 

@@ -38,7 +38,15 @@ def cluster():
         )
         core = kube_api(c)
         core.create_namespace({"metadata": {"name": "gputap"}})
+        create_priority_classes(c)
         yield c
+
+
+def create_priority_classes(cluster) -> None:
+    """What the Helm chart creates (templates/priorityclasses.yaml): gputap never does."""
+    scheduling = kubernetes.client.SchedulingV1Api(kube_api(cluster).api_client)
+    for name, value in (("gputap-on-demand", 1000), ("gputap-spot", -100)):
+        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
 
 
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:
