@@ -151,6 +151,18 @@ def test_billing_runs_with_z2jh_token_as_a_hub_service(chart_dir):
     assert "hub.services.billing.apiToken" in hub_secret["data"]
     values = hub_values(manifests)
     assert "billing" in values["hub"]["services"]
+    # and z2jh's hub NetworkPolicy lets it in: it admits pods with this label only
+    (policy,) = [
+        m for m in manifests if m["kind"] == "NetworkPolicy" and m["metadata"]["name"] == "hub"
+    ]
+    admitted = [
+        peer["podSelector"]["matchLabels"]
+        for rule in policy["spec"]["ingress"]
+        for peer in rule.get("from", [])
+        if "podSelector" in peer
+    ]
+    pod = one(manifests, "Deployment", "gputap-billing")["spec"]["template"]["metadata"]
+    assert any(labels.items() <= pod["labels"].items() for labels in admitted), admitted
 
 
 def test_billing_role_has_exactly_the_scopes_of_one_machine(chart_dir, tmp_path):

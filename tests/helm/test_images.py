@@ -18,11 +18,18 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-from traitlets.config import Config
 
 from hub_config.z2jh import configure
 from tests.helm.dockerfile import Dockerfile, DockerfileError, parse_dockerfile
-from tests.helm.test_chart import IDS, VALUE_FILES, hub_environ, hub_values, render, values_of
+from tests.helm.test_chart import (
+    IDS,
+    VALUE_FILES,
+    hub_environ,
+    hub_values,
+    render,
+    values_of,
+    z2jh_config,
+)
 from tests.helm.test_install_doc import copy_chart
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,9 +243,9 @@ def test_values_name_the_images_the_guide_builds():
     assert kube["image"] == built["singleuser"]
     # billing's image is the billing values' own key
     assert "billing.image" in INSTALL_DOC.read_text()
-    billing = values().get("billing", {}).get("image")
-    if billing is not None:
-        assert f"{billing['name']}:{billing['tag']}" == built["billing"]
+    billing = values()["billing"]["image"]
+    # an empty tag is the chart's appVersion (templates/billing/deployment.yaml)
+    assert f"{billing['name']}:{billing['tag'] or app_version}" == built["billing"]
 
 
 def test_the_images_readme_builds_them_under_the_same_names():
@@ -261,7 +268,7 @@ def test_the_rendered_pods_run_the_images_values_name(chart_dir, values_file):
     # the servers' image, as the hub pod configures KubeSpawner: z2jh's config from the
     # rendered values, then gputap's configure
     rendered = hub_values(manifests)
-    c = Config()
+    c = z2jh_config(rendered)
     image = rendered["singleuser"]["image"]
     c.KubeSpawner.image = f"{image['name']}:{image['tag']}"
     configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))

@@ -15,9 +15,9 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from traitlets.config import Config
 
 from hub_config.z2jh import configure
+from tests.helm.test_chart import hub_values, z2jh_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gputap"
@@ -200,10 +200,12 @@ def test_the_written_out_values_run_the_images_they_name(chart_dir):
     assert container["image"] == f"{mine['hub']['image']['name']}:{mine['hub']['image']['tag']}"
     # the hub: z2jh's singleuser.image first, then gputap's configure
     single = mine["singleuser"]["image"]
-    c = Config()
+    c = z2jh_config(hub_values(manifests))
     c.KubeSpawner.image = f"{single['name']}:{single['tag']}"
     gputap = merged([v["jupyterhub"]["custom"]["gputap"] for v in values_files(cmd)])
-    configure(c, gputap, environ={"POD_NAMESPACE": release_of(cmd)["namespace"]})
+    release = release_of(cmd)
+    environ = {"POD_NAMESPACE": release["namespace"], "HELM_RELEASE_NAME": release["name"]}
+    configure(c, gputap, environ=environ)
     assert c.KubeSpawner.image == f"{single['name']}:{single['tag']}"
 
 

@@ -14,7 +14,6 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from traitlets.config import Config
 
 from gputap_common.settings import settings_from_mapping
 from hub_config.z2jh import configure
@@ -27,6 +26,7 @@ from tests.helm.test_chart import (
     hub_values,
     render,
     values_of,
+    z2jh_config,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,7 +305,7 @@ def test_the_chart_creates_release_named_priority_classes_the_hub_uses(
     assert sorted(classes) == sorted([on_demand, spot])
     assert classes[on_demand]["value"] > 0 > classes[spot]["value"]
     assert not classes[on_demand]["globalDefault"] and not classes[spot]["globalDefault"]
-    c = Config()
+    c = z2jh_config(hub_values(manifests))
     configure(c, hub_values(manifests)["custom"]["gputap"], environ=hub_env(manifests))
     assert c.GPUKubeSpawner.on_demand_priority_class == on_demand
     assert c.GPUKubeSpawner.spot_priority_class == spot
@@ -317,7 +317,7 @@ def test_named_priority_classes_are_used_and_can_be_left_to_the_operator(chart_d
     values = {"jupyterhub": {"custom": {"gputap": gputap}}}
     manifests = render(chart_dir, values)
     assert sorted(priority_classes(manifests)) == ["gold", "scrap"]
-    c = Config()
+    c = z2jh_config(hub_values(manifests))
     configure(c, hub_values(manifests)["custom"]["gputap"], environ=hub_env(manifests))
     assert (c.GPUKubeSpawner.on_demand_priority_class, c.GPUKubeSpawner.spot_priority_class) == (
         "gold",
