@@ -8,6 +8,7 @@ and over billing's API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -386,3 +387,13 @@ class Platform:
             {"amount": amount, "reason": "test", "idempotency_key": secrets.token_hex(8)},
         )
         assert r.status_code in (200, 201), r.text
+
+
+def billing_process(platform: Platform) -> psutil.Process:
+    """The managed billing service of this platform (by the port it serves)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if "billing_service" in (proc.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                if any(c.laddr.port == platform.billing_port for c in proc.net_connections()):
+                    return proc
+    raise AssertionError("no billing process serves this platform")

@@ -7,6 +7,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser.github_login import sign_in
 from tests.github_sim import GitHubSim
 from tests.github_sim.hub import hub_settings
 from tests.platform import Platform
@@ -27,17 +28,6 @@ def school(tmp_path_factory):
         platform.start()
         yield github, platform
         platform.shutdown()
-
-
-def sign_in(browser, platform, github, login):
-    page = browser.new_context().new_page()
-    page.set_default_timeout(30_000)
-    page.goto(f"{platform.url}/hub/login")
-    page.get_by_role("button", name="Sign in with GitHub").click()
-    page.wait_for_url(re.compile(re.escape(github.url) + r"/login/oauth/authorize"))
-    page.click(f"#login-{login}")
-    page.wait_for_url(re.compile(re.escape(platform.url) + r"/hub/"))
-    return page
 
 
 def test_instructor_creates_a_course_and_the_student_spawns_on_it(school, browser, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
+from tests.browser.github_login import sign_in
 from tests.conftest import READER_SCOPES
 from tests.github_sim import GitHubSim
 from tests.github_sim.hub import hub_settings
@@ -61,17 +62,6 @@ def strict(tmp_path_factory):
         platform.start()
         yield github, platform
         platform.shutdown()
-
-
-def sign_in(browser, platform, github, login):
-    page = browser.new_context().new_page()
-    page.set_default_timeout(30_000)
-    page.goto(f"{platform.url}/hub/login")
-    page.get_by_role("button", name="Sign in with GitHub").click()
-    page.wait_for_url(re.compile(re.escape(github.url) + r"/login/oauth/authorize"))
-    page.click(f"#login-{login}")
-    page.wait_for_url(re.compile(re.escape(platform.url) + r"/hub/"))
-    return page
 
 
 def test_github_down_at_login_shows_a_page_that_says_so_and_retries(strict, browser, tmp_path):

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import helm_python as helm
-import kubernetes_validate
 import pytest
 import yaml
 from traitlets.config import Config
@@ -24,7 +23,7 @@ from gputap_common.settings import SettingsError, settings_from_mapping
 from hub_config.hub import _services
 from hub_config.z2jh import configure
 from tests.helm import test_chart
-from tests.helm.test_chart import KUBE_VERSIONS, RELEASE, hub_values
+from tests.helm.test_chart import RELEASE, hub_values, validate_all
 
 # the chart with the vendored z2jh in charts/, as test_chart.py prepares it
 chart_dir = test_chart.chart_dir
@@ -52,15 +51,6 @@ def one(manifests: list[dict], kind: str, name: str) -> dict:
 def billing_container(deployment: dict) -> dict:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return container
-
-
-def validate_all(manifests: list[dict]) -> None:
-    for version in KUBE_VERSIONS:
-        for manifest in manifests:
-            try:
-                kubernetes_validate.validate(manifest, version, strict=True)
-            except kubernetes_validate.utils.ValidationError as e:
-                pytest.fail(f"{manifest['kind']}/{manifest['metadata']['name']} on {version}: {e}")
 
 
 def test_default_billing_is_one_sqlite_replica_on_a_pvc(chart_dir):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hub_config.z2jh import configure
-from tests.helm.test_chart import hub_values, z2jh_config
+from tests.helm.test_chart import hub_values, validate_all, z2jh_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gputap"
@@ -181,12 +181,7 @@ def test_each_command_values_render_lint_and_validate(chart_dir, index):
     assert report["errors"] == [] and problems == [], report
     manifests = render(chart_dir, cmd)
     assert {"Deployment", "Secret", "ConfigMap", "Service"} <= {m["kind"] for m in manifests}
-    for version in KUBE_VERSIONS:
-        for manifest in manifests:
-            try:
-                kubernetes_validate.validate(manifest, version, strict=True)
-            except kubernetes_validate.utils.ValidationError as e:
-                pytest.fail(f"{manifest['kind']}/{manifest['metadata']['name']} ({version}): {e}")
+    validate_all(manifests)
 
 
 def test_the_written_out_values_run_the_images_they_name(chart_dir):

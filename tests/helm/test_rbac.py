@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import helm_python as helm
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -19,12 +18,12 @@ from gputap_common.settings import settings_from_mapping
 from hub_config.z2jh import configure
 from tests.helm.test_chart import (
     IDS,
-    KUBE_VERSIONS,
     RELEASE,
     VALUE_FILES,
     chart_dir,  # noqa: F401 (the fixture)
     hub_values,
     render,
+    validate_all,
     values_of,
     z2jh_config,
 )
@@ -363,9 +362,7 @@ def test_the_new_objects_are_valid_kubernetes(chart_dir, values_file):  # noqa: 
     kinds = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"]
     ours = gputaps(manifests, *kinds, "PriorityClass", "NetworkPolicy")
     assert len(ours) == 10
-    for version in KUBE_VERSIONS:
-        for manifest in ours:
-            kubernetes_validate.validate(manifest, version, strict=True)
+    validate_all(ours)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ import signal
 import time
 import uuid
 
-import psutil
 import pytest
 import tornado.web
 from tornado.httpclient import AsyncHTTPClient
@@ -27,7 +26,7 @@ from spawner.core.record import ServerRecord
 from spawner.lifecycle.billing_client import BillingClient, BillingUnavailable, unavailable_error
 from spawner.lifecycle.metering import Metering
 from tests.billing.hub import HUB_SCOPES
-from tests.platform import Platform
+from tests.platform import Platform, billing_process
 
 HUB_TOKEN = secrets.token_hex(16)
 
@@ -100,16 +99,6 @@ async def test_billing_calls_do_not_wait_behind_readiness_probes(platform):
                 probe.cancel()
     assert "cpu" in answer["prices"]
     assert took < 2, f"billing's answer waited {took:.1f} s behind the probes"
-
-
-def billing_process(platform: Platform) -> psutil.Process:
-    """The managed billing service of this platform (by the port it serves)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        if "billing_service" in (proc.info["cmdline"] or []):
-            with contextlib.suppress(psutil.Error):
-                if any(c.laddr.port == platform.billing_port for c in proc.net_connections()):
-                    return proc
-    raise AssertionError("no billing process serves this platform")
 
 
 async def test_a_billing_that_does_not_answer_in_time_is_not_called_unreachable(platform):

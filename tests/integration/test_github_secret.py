@@ -3,10 +3,8 @@ environment (GPUTAP__HUB__GITHUB__CLIENT_SECRET, as docs/github.md advises), it 
 in, while the billing service the hub starts has it neither in its environment nor in the
 settings it loads."""
 
-import contextlib
 import secrets
 
-import psutil
 import pytest
 import requests
 
@@ -14,7 +12,7 @@ from billing_service.config import load_billing_settings
 from tests.github_sim import GitHubSim
 from tests.github_sim.client import sign_in
 from tests.github_sim.hub import hub_settings
-from tests.platform import Platform
+from tests.platform import Platform, billing_process
 
 SECRET = f"client-secret-{secrets.token_hex(8)}"
 
@@ -34,16 +32,6 @@ def hub(tmp_path_factory):
         p.start()
         yield p
         p.shutdown()
-
-
-def billing_process(platform: Platform) -> psutil.Process:
-    """The managed billing service of this platform (by the port it serves)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        if "billing_service" in (proc.info["cmdline"] or []):
-            with contextlib.suppress(psutil.Error):
-                if any(c.laddr.port == platform.billing_port for c in proc.net_connections()):
-                    return proc
-    raise AssertionError("no billing process serves this platform")
 
 
 def test_the_client_secret_signs_in_at_the_hub_and_never_reaches_billing(hub):
