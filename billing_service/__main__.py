@@ -6,7 +6,7 @@ import contextlib
 import logging
 import sys
 
-from .app import main
+from .app import BadCookieSecret, main
 from .config import load_billing_config
 from .loops.kube_meter import KubeConfigMissing
 from .migrate import SchemaMismatch, upgrade_database
@@ -46,7 +46,7 @@ try:
     # the hub stops its managed services with a signal; that is a normal end, not a crash
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
-except (SchemaMismatch, KubeConfigMissing) as e:
+except (SchemaMismatch, KubeConfigMissing, BadCookieSecret) as e:
     # a refusal, not a crash: one line the operator can act on instead of a traceback
     logging.getLogger("billing").critical("%s", e)
     sys.exit(1)

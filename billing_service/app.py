@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import secrets
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -51,8 +52,28 @@ def log_request(handler: web.RequestHandler) -> None:
     )
 
 
-def cookie_secret(path: Path) -> bytes:
-    """The secret signing the page's login cookie, kept so restarts keep browsers logged in."""
+#: where the chart hands every billing replica the one secret their cookies are signed with
+COOKIE_SECRET_ENV = "GPUTAP_BILLING_COOKIE_SECRET"
+MIN_COOKIE_SECRET = 32
+
+
+class BadCookieSecret(Exception):
+    """The cookie secret given in the environment is too short to sign logins with."""
+
+
+def cookie_secret(path: Path, environ: Mapping[str, str] = os.environ) -> bytes:
+    """The secret signing the page's login cookie. Given in the environment (the Helm chart's
+    Secret), every replica signs alike, so a browser stays logged in whichever one answers;
+    otherwise kept in ``path``, so restarts keep browsers logged in."""
+    given = environ.get(COOKIE_SECRET_ENV)
+    if given is not None:
+        if len(given) < MIN_COOKIE_SECRET:
+            raise BadCookieSecret(
+                f"{COOKIE_SECRET_ENV} holds {len(given)} characters: it must hold at least "
+                f"{MIN_COOKIE_SECRET} (random ones, e.g. `openssl rand -hex 32`), or be unset "
+                "to keep a secret in billing's data directory"
+            )
+        return given.encode()
     try:
         return bytes.fromhex(path.read_text().strip())
     except (FileNotFoundError, ValueError):

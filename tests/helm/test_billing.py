@@ -6,6 +6,7 @@ Secret ``hub``; and the hub reaching billing at its Service (hub_config/z2jh.py)
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 import yaml
 from traitlets.config import Config
 
+from billing_service.app import BadCookieSecret, cookie_secret
 from billing_service.config import load_billing_settings
 from gputap_common import scopes
 from gputap_common.settings import SettingsError, settings_from_mapping
@@ -224,7 +226,7 @@ def test_postgres_from_a_secret_allows_two_replicas(chart_dir):
         if m["kind"] == "PersistentVolumeClaim" and "billing" in m["metadata"]["name"]
     ]
     pod = deployment["spec"]["template"]["spec"]
-    assert "data" in {v["name"] for v in pod["volumes"]}  # an emptyDir: the cookie secret
+    assert "data" in {v["name"] for v in pod["volumes"]}  # an emptyDir: nothing kept there
     for container in [billing_container(deployment), *pod["initContainers"]]:
         env = environ_of(container)
         assert env["GPUTAP__BILLING__DATABASE_URL"] == {
@@ -334,3 +336,46 @@ def test_the_init_container_migrates_the_rendered_settings_database(chart_dir, t
     done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "billing.sqlite").exists()
+
+
+def secret_env(manifests: list[dict], container: dict) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: values, and keys of the rendered
+    Secrets it refers to."""
+    secrets_ = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Secret"}
+    environ = {}
+    for item in container["env"]:
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        if ref is None:
+            environ[item["name"]] = item["value"]
+        elif ref["name"] in secrets_:
+            secret = secrets_[ref["name"]]
+            data = secret.get("data", {})
+            if ref["key"] in data:
+                environ[item["name"]] = base64.b64decode(data[ref["key"]]).decode()
+            else:
+                environ[item["name"]] = secret.get("stringData", {})[ref["key"]]
+    return environ
+
+
+def test_two_billing_replicas_sign_logins_with_one_secret(chart_dir, tmp_path):
+    """Behind billing's Service a browser's next request may reach the other replica: both
+    must accept the login cookie one of them set, so they sign with one secret from a
+    Secret, not each one its own on its own emptyDir."""
+    manifests = render(chart_dir, {"billing": {**POSTGRES, "replicas": 2}})
+    container = billing_container(one(manifests, "Deployment", "gputap-billing"))
+    environ = secret_env(manifests, container)
+    first = cookie_secret(tmp_path / "a" / "billing_cookie_secret", environ)
+    second = cookie_secret(tmp_path / "b" / "billing_cookie_secret", environ)
+    assert first == second and len(first) >= 32
+    # the chart made it: kept across upgrades, never in a ConfigMap
+    secret = one(manifests, "Secret", "gputap-billing")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for m in manifests:
+        if m["kind"] == "ConfigMap":
+            assert environ["GPUTAP_BILLING_COOKIE_SECRET"] not in yaml.safe_dump(m)
+
+
+def test_billing_refuses_a_short_cookie_secret(tmp_path):
+    with pytest.raises(BadCookieSecret, match="GPUTAP_BILLING_COOKIE_SECRET.*at least 32"):
+        cookie_secret(tmp_path / "billing_cookie_secret", {"GPUTAP_BILLING_COOKIE_SECRET": "x"})
+    assert not (tmp_path / "billing_cookie_secret").exists()

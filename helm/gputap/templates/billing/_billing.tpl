@@ -52,6 +52,12 @@ env:
         name: {{ .name }}
         key: {{ .key }}
   {{- end }}
+  # one cookie secret for every replica (secret.yaml)
+  - name: GPUTAP_BILLING_COOKIE_SECRET
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "gputap.fullname" $ }}-billing
+        key: cookie-secret
   # billing is a JupyterHub service; z2jh made its token (hub.services.billing)
   - name: JUPYTERHUB_API_TOKEN
     valueFrom:
