@@ -306,6 +306,28 @@ def _billing_service(billing: dict[str, Any], environment: dict[str, str]) -> di
     return service
 
 
+def people_roles(settings: Settings) -> list[dict[str, Any]]:
+    """Billing's admins (the hub's admin users and admin teams) and instructors (the
+    configured ones and instructor teams), the same on one machine and on the chart."""
+    hub = settings.hub
+    return [
+        {
+            "name": "gputap-billing-admin",
+            "description": "Admins see every account and grant credit",
+            "scopes": [scopes.BILLING_ADMIN, scopes.BILLING_ACCESS],
+            "users": sorted(hub["admin_users"]),
+            "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
+        },
+        {
+            "name": "gputap-instructor",
+            "description": "Instructors create and run their courses",
+            "scopes": [scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS],
+            "users": sorted(settings.courses["instructors"]),
+            "groups": sorted(settings.courses["instructor_teams"]),
+        },
+    ]
+
+
 def _services(c: Any, settings: Settings, hub_token: str) -> None:
     hub = settings.hub
     # billing reads its own settings file, resolved (file and GPUTAP__ variables) and written
@@ -338,20 +360,7 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
             "scopes": ["list:users", "read:users", "read:servers", "delete:servers"],
             "services": ["billing"],
         },
-        {
-            "name": "gputap-billing-admin",
-            "description": "Admins see every account and grant credit",
-            "scopes": [scopes.BILLING_ADMIN, scopes.BILLING_ACCESS],
-            "users": sorted(hub["admin_users"]),
-            "groups": sorted((github_settings(hub) or {}).get("admin_teams") or []),
-        },
-        {
-            "name": "gputap-instructor",
-            "description": "Instructors create and run their courses",
-            "scopes": [scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS],
-            "users": sorted(settings.courses["instructors"]),
-            "groups": sorted(settings.courses["instructor_teams"]),
-        },
+        *people_roles(settings),
     ]
     for extra in hub["services"]:
         name = extra["name"]

@@ -28,6 +28,7 @@ from .hub import (
     _kubernetes_backend,
     _server_api_scopes,
     _url_path,
+    people_roles,
 )
 
 #: how the settings are named in a refusal: where an operator wrote them
@@ -37,7 +38,9 @@ CHART_NAME = "gputap"
 
 
 def chart_fullname(release: str) -> str:
-    """The chart's ``gputap.fullname`` (templates/_helpers.tpl) for the release ``release``."""
+    """The chart's ``gputap.fullname`` (templates/_helpers.tpl) for the release ``release``:
+    the prefix of its own objects' names (billing's Service, the cluster-scoped
+    PriorityClasses)."""
     name = release if CHART_NAME in release else f"{release}-{CHART_NAME}"
     return name[:63].rstrip("-")
 
@@ -73,6 +76,7 @@ def _billing(c: Any, settings: Settings, environ: Mapping[str, str]) -> None:
             "services": ["gputap-hub"],
         }
     )
+    roles.extend(people_roles(settings))
     if not any(role["name"] == "user" for role in roles):
         roles.append(
             {
@@ -81,17 +85,6 @@ def _billing(c: Any, settings: Settings, environ: Mapping[str, str]) -> None:
                 "scopes": ["self", scopes.BILLING_ACCESS],
             }
         )
-
-
-#: the chart's name (helm/gputap/Chart.yaml), part of its release-named objects' names
-CHART_NAME = "gputap"
-
-
-def release_fullname(release: str) -> str:
-    """The chart's ``gputap.fullname`` (templates/_helpers.tpl) for a release: the prefix of
-    the cluster-scoped objects it creates, such as its PriorityClasses."""
-    name = release if CHART_NAME in release else f"{release}-{CHART_NAME}"
-    return name[:63].rstrip("-")
 
 
 def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
@@ -103,7 +96,7 @@ def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) ->
     if not kube.get("namespace") and environ.get("POD_NAMESPACE"):
         kube["namespace"] = environ["POD_NAMESPACE"]
     if environ.get("HELM_RELEASE_NAME"):
-        prefix = release_fullname(environ["HELM_RELEASE_NAME"])
+        prefix = chart_fullname(environ["HELM_RELEASE_NAME"])
         classes = dict(kube.get("priority_classes") or {})
         for key, suffix in (("on_demand", "on-demand"), ("spot", "spot")):
             classes[key] = classes.get(key) or f"{prefix}-{suffix}"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from traitlets.config import Config
 
+from gputap_common import scopes
 from gputap_common.settings import SettingsError, settings_from_mapping
 from gputap_common.settings.render import (
     HELM_SCHEMA_COMMAND,
@@ -270,3 +271,36 @@ def test_notes_say_where_to_sign_in_and_what_the_gpus_need(chart_dir):
     rendered = helm.Chart.load(chart_dir).render(with_ingress, **RELEASE, is_install=True)
     (notes,) = [text for name, text in rendered.items() if name == "gputap/templates/NOTES.txt"]
     assert "https://gpu.example.org/" in notes
+
+
+def test_admins_and_instructors_hold_billing_roles_as_on_one_machine(chart_dir):
+    """On the chart as on one machine, billing admins are the hub's admin users and admin
+    teams, and instructors the configured ones and instructor teams: without these roles the
+    billing page tells an admin they may not grant credit, and an instructor that they have no
+    course."""
+    example = values_of(CHART / "examples" / "mig-spot-courses.yaml")
+    gputap = example["jupyterhub"]["custom"]["gputap"]
+    gputap["hub"] = {
+        **gputap.get("hub", {}),
+        "admin_users": ["octo-admin"],
+        "github": {
+            "client_id": "Iv1.0123456789abcdef",
+            "client_secret": "0123456789abcdef0123456789abcdef01234567",
+            "callback_url": "https://gputap.example.org/hub/oauth_callback",
+            "allowed_organizations": ["acme"],
+            "admin_teams": ["acme:platform"],
+        },
+    }
+    gputap["courses"] = {**gputap.get("courses", {}), "instructors": ["prof-ada"]}
+    manifests = render(chart_dir, example)
+    values = hub_values(manifests)
+    c = z2jh_config(values)
+    settings = configure(c, values["custom"]["gputap"], environ=hub_environ(manifests))
+    roles = {role["name"]: role for role in c.JupyterHub.load_roles}
+    admin = roles["gputap-billing-admin"]
+    assert admin["users"] == ["octo-admin"] and admin["groups"] == ["acme:platform"]
+    assert set(admin["scopes"]) == {scopes.BILLING_ADMIN, scopes.BILLING_ACCESS}
+    instructor = roles["gputap-instructor"]
+    assert instructor["users"] == ["prof-ada"]
+    assert instructor["groups"] == sorted(settings.courses["instructor_teams"])
+    assert set(instructor["scopes"]) == {scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS}
