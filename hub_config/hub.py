@@ -377,8 +377,9 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
     c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
 
 
-def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
-    """jupyterhub-idle-culler as a hub service, and how often servers report activity.
+def _idle_culler(c: Any, idle: dict[str, Any], backend: str, api_url: str | None = None) -> None:
+    """jupyterhub-idle-culler as a hub service, and how often servers report activity; it asks
+    the hub at ``api_url`` where given (else at the URL JupyterHub gives its services).
 
     A server's last activity includes its GPU being busy (the gputap-lab server extension
     marks it), so long training runs survive while idle GPUs are stopped (docs/lab.md)."""
@@ -397,6 +398,7 @@ def _idle_culler(c: Any, idle: dict[str, Any], backend: str) -> None:
                 "hub_config.idle_culler",  # jupyterhub_idle_culler, its stops told why
                 f"--timeout={idle['timeout_seconds']}",
                 f"--cull-every={idle['cull_every_seconds']}",
+                *([f"--url={api_url}"] if api_url else []),
             ],
         }
     )

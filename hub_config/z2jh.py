@@ -25,6 +25,7 @@ from .hub import (
     _authentication,
     _disks,
     _hub_pages,
+    _idle_culler,
     _kubernetes_backend,
     _server_api_scopes,
     _url_path,
@@ -87,6 +88,22 @@ def _billing(c: Any, settings: Settings, environ: Mapping[str, str]) -> None:
         )
 
 
+def _culler(c: Any, idle: dict[str, Any]) -> None:
+    """gputap's idle culler from ``custom.gputap.idle``, whose stops tell users that their
+    server was idle and for how long; the chart turns z2jh's own (``jupyterhub.cull``) off,
+    and both at once would be two cullers with two timeouts."""
+    z2jh_culler = any(s.get("name") == "jupyterhub-idle-culler" for s in c.JupyterHub.services)
+    if idle["enabled"] and z2jh_culler:
+        raise SettingsError(
+            "jupyterhub.cull.enabled is true and custom.gputap.idle.enabled too: two idle "
+            "cullers would stop servers by two timeouts. Set jupyterhub.cull.enabled: false "
+            "(gputap's culler reads custom.gputap.idle and tells users why a server stopped)"
+        )
+    base_url = _url_path(c.JupyterHub.get("base_url", "/"))
+    # in the hub's own pod, as z2jh's culler asks it
+    _idle_culler(c, idle, "kubernetes", api_url=f"http://localhost:8081{base_url}hub/api")
+
+
 def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) -> Settings:
     """``custom.gputap`` checked and completed; the servers' namespace defaults to the hub's
     own (z2jh's ``POD_NAMESPACE``), as z2jh's own KubeSpawner configuration does, and the
@@ -136,6 +153,7 @@ def configure(
     if not isinstance(c.JupyterHub.get("load_roles"), list):
         c.JupyterHub.load_roles = []
     _billing(c, settings, environ)
+    _culler(c, settings.section("idle"))
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
     return settings

@@ -304,3 +304,42 @@ def test_admins_and_instructors_hold_billing_roles_as_on_one_machine(chart_dir):
     assert instructor["users"] == ["prof-ada"]
     assert instructor["groups"] == sorted(settings.courses["instructor_teams"])
     assert set(instructor["scopes"]) == {scopes.BILLING_INSTRUCTOR, scopes.BILLING_ACCESS}
+
+
+def culler(c: Config) -> dict | None:
+    found = [s for s in c.JupyterHub.services if "cull" in s["name"]]
+    assert len(found) <= 1, f"more than one culler: {found}"
+    return found[0] if found else None
+
+
+def test_gputap_culls_idle_servers_from_custom_gputap_telling_why(chart_dir):
+    """One settings source: custom.gputap.idle drives the culler, and it is gputap's (its stops
+    say that the server was idle, and for how long), not z2jh's, which the chart turns off."""
+    values = {"jupyterhub": {"custom": {"gputap": {"idle": {"timeout_seconds": 1800}}}}}
+    manifests = render(chart_dir, values)
+    rendered = hub_values(manifests)
+    assert rendered["cull"]["enabled"] is False
+    c = z2jh_config(rendered)
+    configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))
+    service = culler(c)
+    assert service is not None and "hub_config.idle_culler" in service["command"]
+    assert "--timeout=1800" in service["command"]
+    # it asks the hub in its own pod, as z2jh's culler does
+    assert "--url=http://localhost:8081/hub/api" in service["command"]
+    assert c.KubeSpawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "60"
+    roles = {role["name"]: role for role in c.JupyterHub.load_roles}
+    assert roles["idle-culler"]["services"] == ["idle-culler"]
+
+
+def test_two_cullers_are_refused_naming_both(chart_dir):
+    manifests = render(chart_dir, {"jupyterhub": {"cull": {"enabled": True}}})
+    rendered = hub_values(manifests)
+    c = z2jh_config(rendered)
+    c.JupyterHub.services.append(  # what z2jh's jupyterhub_config.py adds for cull.enabled
+        {"name": "jupyterhub-idle-culler", "command": ["python3", "-m", "jupyterhub_idle_culler"]}
+    )
+    with pytest.raises(SettingsError, match=r"jupyterhub\.cull\.enabled.*custom\.gputap\.idle"):
+        configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))
+    # with gputap's culler off, z2jh's may run alone
+    off = {"idle": {"enabled": False}}
+    configure(c, {**rendered["custom"]["gputap"], **off}, environ=hub_environ(manifests))
