@@ -217,8 +217,8 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.cmd = list(kube["cmd"])
     if kube["args"]:
         c.KubeSpawner.args = list(kube["args"])
-    if kube["environment"]:
-        c.KubeSpawner.environment = dict(kube["environment"])
+    # beside z2jh's singleuser.extraEnv on the chart (gputap's own win where both name one)
+    c.KubeSpawner.environment = {**c.KubeSpawner.get("environment", {}), **kube["environment"]}
     # one home per user, kept across servers, restarts and card changes
     c.KubeSpawner.storage_pvc_ensure = True
     c.KubeSpawner.pvc_name_template = "home-{username}"

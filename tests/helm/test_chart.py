@@ -343,3 +343,22 @@ def test_two_cullers_are_refused_naming_both(chart_dir):
     # with gputap's culler off, z2jh's may run alone
     off = {"idle": {"enabled": False}}
     configure(c, {**rendered["custom"]["gputap"], **off}, environ=hub_environ(manifests))
+
+
+def test_singleuser_extra_env_is_kept_beside_gputap_environment(chart_dir):
+    """z2jh's singleuser.extraEnv, which operators of z2jh set, reaches the servers beside
+    custom.gputap's environment (which wins where both name a variable)."""
+    values = {
+        "jupyterhub": {
+            "singleuser": {"extraEnv": {"HF_HOME": "/data/hf", "TZ": "Asia/Tokyo"}},
+            "custom": {"gputap": {"spawner": {"kubernetes": {"environment": {"TZ": "UTC"}}}}},
+        }
+    }
+    manifests = render(chart_dir, values)
+    rendered = hub_values(manifests)
+    c = z2jh_config(rendered)
+    # what z2jh's jupyterhub_config.py sets from singleuser.extraEnv
+    c.KubeSpawner.environment = dict(rendered["singleuser"]["extraEnv"])
+    configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))
+    assert c.KubeSpawner.environment["HF_HOME"] == "/data/hf"
+    assert c.KubeSpawner.environment["TZ"] == "UTC"
