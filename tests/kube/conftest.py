@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.kube_sim.cluster import SimulatedCluster
+from tests.kube_sim.cluster import SimulatedCluster, admin_key
 from tests.platform import Platform
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
@@ -50,7 +50,7 @@ def create_priority_classes(cluster) -> None:
 
 
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:
-    config = kubernetes.client.Configuration(host=cluster.url)
+    config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
 
 
