@@ -27,7 +27,7 @@ from billing_service.domain.pod_facts import MeteredSession, killed_at, pod_fact
 from billing_service.loops.kube_meter import KubeConfigMissing, KubeMeter
 from billing_service.orm import BillingSession
 from gputap_common.settings import load_settings
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.api import EVENT, NAMESPACE, POD
 
 from .conftest import make_store
@@ -259,10 +259,12 @@ class Meters:
     """Starts meters on the cluster as billing would (one database thread); each start is a
     fresh process's meter, and stopping one is billing going down."""
 
-    def __init__(self, store, url):
+    def __init__(self, store, cluster):
         self.store = store
         self.executor = ThreadPoolExecutor(1)
-        self.api_client = client.ApiClient(client.Configuration(host=url))
+        self.api_client = client.ApiClient(
+            client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+        )
         self.tasks: dict[KubeMeter, asyncio.Task] = {}
 
     async def start(self, seen_interval_seconds=0.3, start_grace_seconds=0) -> KubeMeter:
@@ -293,7 +295,7 @@ class Meters:
 
 @pytest.fixture
 async def meters(cluster, store):
-    meters = Meters(store, cluster.url)
+    meters = Meters(store, cluster)
     yield meters
     await meters.close()
 

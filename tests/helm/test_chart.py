@@ -24,14 +24,10 @@ from gputap_common.settings.render import (
     helm_values_schema,
 )
 from hub_config.z2jh import configure
+from tests.helm.chart import CHART, RELEASE, VENDORED, copy_chart, render, values_of
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "gputap"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
-# the packaged z2jh chart `helm dependency build` would fetch (/work/shared/vendor/helm/README.md)
-VENDORED = ROOT.parent / "shared" / "vendor" / "helm" / "jupyterhub-4.4.0.tgz"
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
-RELEASE = {"name": "gputap", "namespace": "gputap"}
 
 
 def test_three_examples_are_kept():
@@ -44,29 +40,11 @@ def test_three_examples_are_kept():
 
 @pytest.fixture(scope="module")
 def chart_dir(tmp_path_factory) -> Path:
-    """A copy of the chart with the vendored subchart in charts/, as `helm dependency build`
-    leaves it (the copy keeps parallel test workers from sharing one charts/ folder)."""
-    if not VENDORED.exists():
-        pytest.fail(f"the vendored z2jh chart is missing: {VENDORED}")
-    target = tmp_path_factory.mktemp("chart") / "gputap"
-    shutil.copytree(CHART, target, ignore=shutil.ignore_patterns("charts"))
-    (target / "charts").mkdir()
-    shutil.copy(VENDORED, target / "charts" / VENDORED.name)
-    return target
-
-
-def values_of(path: Path | None) -> dict:
-    return {} if path is None else yaml.safe_load(path.read_text())
-
-
-def render(chart_dir: Path, values: dict) -> list[dict]:
-    rendered = helm.Chart.load(chart_dir).render(values, **RELEASE, is_install=True)
-    manifests = []
-    for name, text in sorted(rendered.items()):
-        if not name.endswith((".yaml", ".yml")):
-            continue
-        manifests += [doc for doc in yaml.safe_load_all(text) if doc]
-    return manifests
+    """A copy of the chart with the vendored subchart (tests/helm/chart.py)."""
+    try:
+        return copy_chart(tmp_path_factory.mktemp("chart"))
+    except FileNotFoundError as e:
+        pytest.fail(str(e))
 
 
 VALUE_FILES = [None, *EXAMPLES]

@@ -3,7 +3,7 @@ priorityclasses.yaml, networkpolicies.yaml): every Kubernetes API call gputap's 
 is granted, to the component that makes it, and nothing else is; the hub uses the
 PriorityClasses the chart creates, by their release-named names; billing accepts only the hub
 and the proxy. The calls are the table below, each checked against the code by its text; the
-audit of every request on the simulated cluster is tests/kube (a later slice)."""
+audit of every request on the simulated cluster is tests/kube/test_kube_rbac.py."""
 
 from __future__ import annotations
 

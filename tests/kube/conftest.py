@@ -1,23 +1,76 @@
 """The whole platform on the Kubernetes backend, against the simulated cluster.
 
 GPU nodes: 8x A100-80GB, an H100-80GB node partitioned all-1g.10gb (56 slices), 4x L40S, and
-two time-sliced T4s. Pods run as local processes (tests/kube_sim)."""
+two time-sliced T4s. Pods run as local processes (tests/kube_sim).
+
+The cluster holds the RBAC the Helm chart renders for release `gputap` in namespace `gputap`
+(z2jh's hub ServiceAccount, Role and RoleBinding, and gputap's templates/rbac/), the hub runs
+with the token of ServiceAccount `hub` and billing's pod meter with that of `gputap-billing`:
+a request the rendered rules do not grant is refused as a real cluster would refuse it, and
+the module fails at teardown if the hub or billing met such a refusal. The tests themselves
+act as the cluster's administrator."""
 
 import sys
 from pathlib import Path
 
 import kubernetes
+import kubernetes.utils
 import pytest
 
-from tests.kube_sim.cluster import SimulatedCluster
+from tests.helm.chart import copy_chart, render
+from tests.kube_sim.cluster import SimulatedCluster, admin_key
 from tests.platform import Platform
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "gputap"
+#: the ServiceAccounts the chart gives the hub (z2jh's) and billing (gputap's)
+HUB_ACCOUNT = "hub"
+BILLING_ACCOUNT = "gputap-billing"
+RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
+@pytest.fixture(scope="session")
+def chart_rbac(tmp_path_factory) -> list[dict]:
+    """The hub's and billing's ServiceAccounts, roles and bindings as the chart renders them
+    with default values: z2jh's (component hub) and gputap's own."""
+    manifests = render(copy_chart(tmp_path_factory.mktemp("chart")), {})
+    return [m for m in manifests if m["kind"] in RBAC_KINDS and _hub_or_gputap(m)]
+
+
+def _hub_or_gputap(manifest: dict) -> bool:
+    labels = manifest["metadata"].get("labels") or {}
+    return labels.get("component") == "hub" or labels.get("app.kubernetes.io/name") == "gputap"
+
+
+def rendered_rules(chart_rbac: list[dict], account: str) -> list[tuple[str, str, str, dict]]:
+    """(role as "Kind/name", the namespace the binding grants it in or "" for every one, rule)
+    of each rule bound to ServiceAccount account."""
+    roles = {
+        (m["kind"], m["metadata"]["name"]): m
+        for m in chart_rbac
+        if m["kind"] in ("Role", "ClusterRole")
+    }
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    rules = []
+    for binding in [m for m in chart_rbac if m["kind"].endswith("RoleBinding")]:
+        if subject not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        scope = "" if binding["kind"] == "ClusterRoleBinding" else NAMESPACE
+        role = roles[(ref["kind"], ref["name"])]
+        rules += [(f"{ref['kind']}/{ref['name']}", scope, r) for r in role["rules"]]
+    return rules
+
+
+def refused(cluster, *accounts: str) -> list:
+    """The audit records of the accounts' requests that were refused (401 or 403)."""
+    users = {f"system:serviceaccount:{NAMESPACE}:{a}" for a in accounts}
+    return [r for r in cluster.audit if r.user in users and not r.allowed]
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(chart_rbac):
     with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0) as c:
         # a DGX-like A100 node: 8 GPUs, 128 cores, 2 TiB (the catalog sizes CPU and memory
         # per GPU, so a node built for its GPUs fits them)
@@ -37,9 +90,12 @@ def cluster():
             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
         )
         core = kube_api(c)
-        core.create_namespace({"metadata": {"name": "gputap"}})
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
         create_priority_classes(c)
+        for manifest in chart_rbac:
+            kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)
         yield c
+        assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
 
 
 def create_priority_classes(cluster) -> None:
@@ -50,14 +106,23 @@ def create_priority_classes(cluster) -> None:
 
 
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:
-    config = kubernetes.client.Configuration(host=cluster.url)
+    config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
 
 
 @pytest.fixture(scope="module")
 def platform(cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("kube-platform")
-    kubeconfig = cluster.write_kubeconfig(str(root / "kubeconfig"), namespace="gputap")
+    kubeconfig = cluster.write_kubeconfig(
+        str(root / "kubeconfig"),
+        namespace=NAMESPACE,
+        token=cluster.service_account_token(NAMESPACE, HUB_ACCOUNT),
+    )
+    billing_kubeconfig = cluster.write_kubeconfig(
+        str(root / "billing-kubeconfig"),
+        namespace=NAMESPACE,
+        token=cluster.service_account_token(NAMESPACE, BILLING_ACCOUNT),
+    )
     p = Platform(
         root,
         extra={
@@ -65,14 +130,15 @@ def platform(cluster, tmp_path_factory):
                 "backend": "kubernetes",
                 "start_timeout": 60,
                 "kubernetes": {
-                    "namespace": "gputap",
+                    "namespace": NAMESPACE,
                     "cmd": [SINGLEUSER],
                     "args": ["--allow-root"],
                     "environment": {
                         "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
                     },
                 },
-            }
+            },
+            "billing": {"kubeconfig": billing_kubeconfig},
         },
         env={"KUBECONFIG": kubeconfig},
     )

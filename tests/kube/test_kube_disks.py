@@ -7,7 +7,7 @@ from kubernetes_asyncio import client
 
 from spawner.core.disks import DiskConflict, DiskNotFound, DiskUnavailable
 from spawner.kube.disks import KubeDiskStore
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ async def cluster():
 
 @pytest.fixture
 async def v1(cluster):
-    config = client.Configuration(host=cluster.url)
+    config = client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     async with client.ApiClient(config) as api_client:
         v1 = client.CoreV1Api(api_client)
         await v1.create_namespace({"metadata": {"name": "gputap"}})

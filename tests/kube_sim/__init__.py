@@ -1,5 +1,5 @@
 """A simulated Kubernetes cluster for tests and benchmarks: see README.md."""
 
-from .cluster import ClusterThread, SimulatedCluster, gpu_node_spec
+from .cluster import ClusterThread, SimulatedCluster, admin_key, gpu_node_spec
 
-__all__ = ["ClusterThread", "SimulatedCluster", "gpu_node_spec"]
+__all__ = ["ClusterThread", "SimulatedCluster", "admin_key", "gpu_node_spec"]

@@ -45,6 +45,12 @@ RESOURCE_TYPES = [
     ResourceType("", "v1", "Namespace", "namespaces", False),
     ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False),
     ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
+    ResourceType(
+        "rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False
+    ),
 ]
 BY_PATH = {(r.api_version, r.plural): r for r in RESOURCE_TYPES}
 BY_KIND = {(r.api_version, r.kind): r for r in RESOURCE_TYPES}
@@ -55,6 +61,11 @@ NAMESPACE = BY_PATH[("v1", "namespaces")]
 SECRET = BY_PATH[("v1", "secrets")]
 CONFIGMAP = BY_PATH[("v1", "configmaps")]
 PRIORITY_CLASS = BY_PATH[("scheduling.k8s.io/v1", "priorityclasses")]
+SERVICE_ACCOUNT = BY_PATH[("v1", "serviceaccounts")]
+ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "roles")]
+CLUSTER_ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "clusterroles")]
+ROLE_BINDING = BY_PATH[("rbac.authorization.k8s.io/v1", "rolebindings")]
+CLUSTER_ROLE_BINDING = BY_PATH[("rbac.authorization.k8s.io/v1", "clusterrolebindings")]
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -88,12 +99,87 @@ def _validate(rt: ResourceType, obj: Obj) -> None:
     elif rt.kind == "PriorityClass":
         if not isinstance(obj.get("value"), int):
             raise invalid(rt.kind, rt.plural, name, "value: Required value")
+    elif rt.kind in ("Role", "ClusterRole"):
+        _validate_rules(rt, name, obj)
+    elif rt.kind in ("RoleBinding", "ClusterRoleBinding"):
+        _validate_binding(rt, name, obj)
     elif rt.kind == "Secret":
         for k, v in (obj.get("data") or {}).items():
             try:
                 base64.b64decode(v, validate=True)
             except ValueError as e:
                 raise invalid(rt.kind, rt.plural, name, f"data[{k}]: illegal base64 data") from e
+
+
+def _validate_rules(rt: ResourceType, name: str, obj: Obj) -> None:
+    """kubernetes/pkg/apis/rbac/validation: each rule has verbs, and either resources with
+    API groups or (in a ClusterRole only) non-resource URLs."""
+    kind = f"{rt.kind}.{rt.group}"
+    for i, rule in enumerate(obj.get("rules") or []):
+        where = f"rules[{i}]"
+        if not rule.get("verbs"):
+            raise invalid(
+                kind,
+                rt.plural,
+                name,
+                f"{where}.verbs: Required value: verbs must contain at least one value",
+            )
+        if rule.get("nonResourceURLs"):
+            if rt.namespaced:
+                raise invalid(
+                    kind,
+                    rt.plural,
+                    name,
+                    f"{where}.nonResourceURLs: Invalid value: {rule['nonResourceURLs']}: "
+                    "namespaced rules cannot apply to non-resource URLs",
+                )
+            continue
+        if not rule.get("apiGroups"):
+            raise invalid(
+                kind,
+                rt.plural,
+                name,
+                f"{where}.apiGroups: Required value: resource rules must supply at least one "
+                "api group",
+            )
+        if not rule.get("resources"):
+            raise invalid(
+                kind,
+                rt.plural,
+                name,
+                f"{where}.resources: Required value: resource rules must supply at least one "
+                "resource",
+            )
+
+
+def _validate_binding(rt: ResourceType, name: str, obj: Obj) -> None:
+    kind = f"{rt.kind}.{rt.group}"
+    ref = obj.get("roleRef") or {}
+    supported = ["Role", "ClusterRole"] if rt.namespaced else ["ClusterRole"]
+    if ref.get("kind") not in supported:
+        values = ", ".join(f'"{v}"' for v in supported)
+        raise invalid(
+            kind,
+            rt.plural,
+            name,
+            f'roleRef.kind: Unsupported value: "{ref.get("kind", "")}": supported values: {values}',
+        )
+    if ref.get("apiGroup") != "rbac.authorization.k8s.io":
+        raise invalid(
+            kind,
+            rt.plural,
+            name,
+            f'roleRef.apiGroup: Unsupported value: "{ref.get("apiGroup", "")}": supported '
+            'values: "rbac.authorization.k8s.io"',
+        )
+    if not ref.get("name"):
+        raise invalid(kind, rt.plural, name, "roleRef.name: Required value")
+    for i, subject in enumerate(obj.get("subjects") or []):
+        # a RoleBinding's ServiceAccount defaults to the binding's namespace
+        if subject.get("kind") == "ServiceAccount" and not (
+            rt.namespaced or subject.get("namespace")
+        ):
+            raise invalid(kind, rt.plural, name, f"subjects[{i}].namespace: Required value")
 
 
 class Api:
@@ -230,6 +316,16 @@ class Api:
                 self._check_pod_update(current, obj)
             if rt.kind == "Secret":
                 _fold_string_data(obj)
+            if rt.kind.endswith("RoleBinding") and obj.get("roleRef") != current.get("roleRef"):
+                ref = obj.get("roleRef") or {}
+                raise invalid(
+                    f"{rt.kind}.{rt.group}",
+                    rt.plural,
+                    name,
+                    f'roleRef: Invalid value: rbac.RoleRef{{APIGroup:"{ref.get("apiGroup", "")}", '
+                    f'Kind:"{ref.get("kind", "")}", Name:"{ref.get("name", "")}"}}: cannot change '
+                    "roleRef",
+                )
         return self.store.replace(obj, rt.plural)
 
     @staticmethod

@@ -27,6 +27,7 @@ from tornado.netutil import bind_sockets
 from .api import EVENT, NODE, POD, Api
 from .faults import Faults
 from .kubelet import Kubelet
+from .rbac import AuditRecord, Rbac
 from .scheduler import Scheduler
 from .server import end_watches, make_app
 from .store import Obj, Store
@@ -107,6 +108,12 @@ def gpu_node_spec(
     return {"name": name, "labels": labels, "allocatable": allocatable, "taints": [GPU_TAINT]}
 
 
+def admin_key(cluster: SimulatedCluster | ClusterThread) -> dict[str, str]:
+    """The `api_key` of a client Configuration that acts as the cluster's administrator:
+    `Configuration(host=cluster.url, api_key=admin_key(cluster))`."""
+    return {"BearerToken": f"Bearer {cluster.admin_token}"}
+
+
 class SimulatedCluster:
     """A simulated Kubernetes cluster in the current event loop."""
 
@@ -123,6 +130,7 @@ class SimulatedCluster:
         history_size: int = 1000,
     ):
         self.api = Api(Store(history_size=history_size))
+        self.rbac = Rbac(self.api)
         self.faults = Faults(seed=seed)
         self.port = port
         self.url = ""
@@ -149,7 +157,7 @@ class SimulatedCluster:
         self.scheduler = Scheduler(
             self.api, self.faults, self._scheduler_interval, self._event_interval
         )
-        self._app = make_app(self.api, self.faults, self.kubelet.logs)
+        self._app = make_app(self.api, self.faults, self.kubelet.logs, self.rbac)
         self._server = tornado.httpserver.HTTPServer(self._app)
         self._server.add_sockets(sockets)
         self.scheduler.start()
@@ -266,13 +274,30 @@ class SimulatedCluster:
         events = self.api.list(EVENT, namespace, field_selector=field)
         return sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
-    def kubeconfig_dict(self, namespace: str = "default") -> dict[str, Any]:
-        """A kubeconfig for this cluster (the bearer token is accepted and ignored)."""
+    # -- identities ----------------------------------------------------------------------------
+
+    @property
+    def admin_token(self) -> str:
+        """The bearer token of the cluster's administrator (group system:masters)."""
+        return self.rbac.tokens.admin_token
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A token for an existing ServiceAccount, as a pod's projected token would be: valid
+        while that account exists. 404 ApiError when it does not."""
+        return self.rbac.service_account_token(namespace, name)
+
+    @property
+    def audit(self) -> list[AuditRecord]:
+        """Every API request so far, oldest first: who, what, where, and the rule allowing it."""
+        return list(self.rbac.audit)
+
+    def kubeconfig_dict(self, namespace: str = "default", token: str = "") -> dict[str, Any]:
+        """A kubeconfig for this cluster with a bearer token (default: the administrator's)."""
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "kube-sim", "cluster": {"server": self.url}}],
-            "users": [{"name": "kube-sim", "user": {"token": "kube-sim"}}],
+            "users": [{"name": "kube-sim", "user": {"token": token or self.admin_token}}],
             "contexts": [
                 {
                     "name": "kube-sim",
@@ -282,10 +307,10 @@ class SimulatedCluster:
             "current-context": "kube-sim",
         }
 
-    def write_kubeconfig(self, path: str, namespace: str = "default") -> str:
+    def write_kubeconfig(self, path: str, namespace: str = "default", token: str = "") -> str:
         """Write the kubeconfig (JSON, which is YAML) to path; returns path."""
         with open(path, "w") as f:
-            json.dump(self.kubeconfig_dict(namespace), f, indent=2)
+            json.dump(self.kubeconfig_dict(namespace, token), f, indent=2)
         return path
 
 
@@ -330,11 +355,22 @@ class ClusterThread:
     def events(self, namespace: str | None = None, pod: str | None = None) -> list[Obj]:
         return self.call(self.cluster.events, namespace, pod)
 
-    def kubeconfig_dict(self, namespace: str = "default") -> dict[str, Any]:
-        return self.cluster.kubeconfig_dict(namespace)
+    @property
+    def admin_token(self) -> str:
+        return self.cluster.admin_token
 
-    def write_kubeconfig(self, path: str, namespace: str = "default") -> str:
-        return self.cluster.write_kubeconfig(path, namespace)
+    def service_account_token(self, namespace: str, name: str) -> str:
+        return self.call(self.cluster.service_account_token, namespace, name)
+
+    @property
+    def audit(self) -> list[AuditRecord]:
+        return self.call(lambda: self.cluster.audit)
+
+    def kubeconfig_dict(self, namespace: str = "default", token: str = "") -> dict[str, Any]:
+        return self.cluster.kubeconfig_dict(namespace, token)
+
+    def write_kubeconfig(self, path: str, namespace: str = "default", token: str = "") -> str:
+        return self.cluster.write_kubeconfig(path, namespace, token)
 
     def stop(self) -> None:
         """Stop the cluster and its thread; idempotent."""

@@ -4,7 +4,7 @@ import uuid
 import kubernetes.client
 import pytest
 
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 
 PY = sys.executable
 
@@ -18,8 +18,7 @@ def kube():
 
 @pytest.fixture(scope="module")
 def core(kube):
-    config = kubernetes.client.Configuration(host=kube.url)
-    config.api_key = {"authorization": "Bearer ignored"}
+    config = kubernetes.client.Configuration(host=kube.url, api_key=admin_key(kube))
     with kubernetes.client.ApiClient(config) as client:
         yield kubernetes.client.CoreV1Api(client)
 

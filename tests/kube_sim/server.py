@@ -15,6 +15,7 @@ from tornado.iostream import StreamClosedError
 from .api import BY_PATH, NODE, POD, RESOURCE_TYPES, Api, ResourceType
 from .faults import Faults
 from .patch import json_patch, merge_patch
+from .rbac import Rbac
 from .store import (
     ApiError,
     Obj,
@@ -53,15 +54,28 @@ def _success(code: int = 200, **details: Any) -> Obj:
 
 
 class BaseHandler(tornado.web.RequestHandler):
-    def initialize(self, api: Api, faults: Faults, logs: LogSource) -> None:
+    def initialize(self, api: Api, faults: Faults, logs: LogSource, rbac: Rbac) -> None:
         self.api = api
         self.faults = faults
         self.logs = logs
+        self.rbac = rbac
 
     def check_xsrf_cookie(self) -> None:  # the API server has no cookies
         pass
 
     def prepare(self) -> None:
+        # authentication and authorization come first, before the path is even known to exist
+        query = {k: v[0].decode() for k, v in self.request.query_arguments.items() if v}
+        refusal = self.rbac.check(
+            self.request.method or "GET",
+            self.request.path,
+            query,
+            self.request.headers.get("Authorization"),
+        )
+        if refusal is not None:
+            code, body = refusal
+            self.send_json(body, code)
+            return
         is_watch = self.get_query_argument("watch", "").lower() in ("1", "true")
         code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch)
         if code is not None:
@@ -466,9 +480,9 @@ def end_watches(app: tornado.web.Application) -> None:
         queue.put_nowait(None)
 
 
-def make_app(api: Api, faults: Faults, logs: LogSource) -> tornado.web.Application:
+def make_app(api: Api, faults: Faults, logs: LogSource, rbac: Rbac) -> tornado.web.Application:
     """The tornado application serving the Kubernetes API paths."""
-    kwargs = {"api": api, "faults": faults, "logs": logs}
+    kwargs = {"api": api, "faults": faults, "logs": logs, "rbac": rbac}
     return tornado.web.Application(
         [
             (r"/(version)/?", DiscoveryHandler, kwargs),

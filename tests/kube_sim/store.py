@@ -310,7 +310,16 @@ class Store:
                 "",
                 "metadata.name: Required value: name or generateName is required",
             )
-        if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        if obj["apiVersion"].startswith("rbac.authorization.k8s.io/"):
+            # RBAC names are path segments (ValidateRBACName), so "system:discovery" is one
+            if name in (".", "..") or "/" in name or "%" in name:
+                raise invalid(
+                    obj["kind"],
+                    plural,
+                    name,
+                    f"metadata.name: Invalid value: \"{name}\": may not contain '/' or '%'",
+                )
+        elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
             raise invalid(
                 obj["kind"],
                 plural,

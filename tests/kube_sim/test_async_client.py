@@ -7,14 +7,14 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.rest import ApiException
 
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import pod_body
 
 
 @pytest.fixture
 async def v1():
     async with SimulatedCluster() as cluster:
-        config = client.Configuration(host=cluster.url)
+        config = client.Configuration(host=cluster.url, api_key=admin_key(cluster))
         async with client.ApiClient(config) as api_client:
             yield client.CoreV1Api(api_client)
 
@@ -72,7 +72,9 @@ async def test_watch_streams_changes_as_they_happen(v1):
 
 async def test_watch_from_a_compacted_version_gets_410(v1):
     async with SimulatedCluster(history_size=2) as small:
-        async with client.ApiClient(client.Configuration(host=small.url)) as api_client:
+        async with client.ApiClient(
+            client.Configuration(host=small.url, api_key=admin_key(small))
+        ) as api_client:
             core = client.CoreV1Api(api_client)
             for i in range(4):
                 await core.create_namespaced_config_map("default", {"metadata": {"name": f"c{i}"}})

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import pod_body, wait_for
 
 
@@ -20,7 +20,9 @@ def cluster():
 
 @pytest.fixture
 def v1(cluster):
-    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url)) as c:
+    with kubernetes.client.ApiClient(
+        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    ) as c:
         yield kubernetes.client.CoreV1Api(c)
 
 

@@ -6,7 +6,7 @@ import pytest
 from kubernetes_asyncio.client import Configuration
 from kubespawner.reflector import ResourceReflector
 
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.api import POD
 from tests.kube_sim.conftest import PY, pod_body
 
@@ -23,7 +23,7 @@ class Events(ResourceReflector):
 async def cluster():
     previous = Configuration.get_default_copy()
     async with SimulatedCluster() as c:
-        Configuration.set_default(Configuration(host=c.url))
+        Configuration.set_default(Configuration(host=c.url, api_key=admin_key(c)))
         try:
             yield c
         finally:

@@ -3,7 +3,7 @@
 import kubernetes.client
 import pytest
 
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import PY, pod_body, wait_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -21,7 +21,9 @@ def cluster():
 
 @pytest.fixture
 def v1(cluster):
-    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url)) as c:
+    with kubernetes.client.ApiClient(
+        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    ) as c:
         yield kubernetes.client.CoreV1Api(c)
 
 
