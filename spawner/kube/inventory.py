@@ -1,15 +1,23 @@
 """What exists and what is free on a Kubernetes cluster, from nodes and pods.
 
-GPU nodes are recognised by their GPU Feature Discovery labels and allocatable extended
-resources: ``nvidia.com/gpu`` (whole cards) and ``nvidia.com/mig-<profile>`` (MIG slices,
-mixed strategy). Free = allocatable minus the requests of non-terminal pods bound to the node;
-cordoned nodes offer nothing. :class:`ClusterInventory` is pure: it takes node and pod objects
-(Kubernetes JSON) one event at a time, each an O(1) update of its :class:`FreeView`.
+GPU nodes are recognised by their GPU Feature Discovery labels and the NVIDIA device plugin's
+allocatable extended resources, in each shape the device plugin has (k8s-device-plugin,
+internal/lm): ``nvidia.com/gpu`` whole cards; MIG slices as ``nvidia.com/mig-<profile>``
+(mixed strategy), or as ``nvidia.com/gpu`` on a node whose product label ends
+``-MIG-<profile>`` (single strategy); time-sliced shares as ``nvidia.com/gpu.shared``
+(``renameByDefault``), or as ``nvidia.com/gpu`` on a node whose product label ends
+``-SHARED``. Free = allocatable (the device plugin leaves unhealthy GPUs out) minus the
+requests of non-terminal pods bound to the node. A node that takes no new pods offers
+nothing: cordoned, not Ready, or tainted by Kubernetes itself (``node.kubernetes.io/``
+not-ready, unreachable, ... with NoSchedule or NoExecute). :class:`ClusterInventory` is pure:
+it takes node and pod objects (Kubernetes JSON) one event at a time, each an O(1) update of
+its :class:`FreeView`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +35,13 @@ SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: GFD's product label under the single MIG strategy: "<card>-MIG-<profile>"
+_SINGLE_MIG = re.compile(r"(?P<card>.+)-MIG-(?P<profile>[1-7]g\.\d+gb)")
+#: GFD's suffix on the product label of time-sliced GPUs not renamed to nvidia.com/gpu.shared
+SHARED_SUFFIX = "-SHARED"
+#: taints the node lifecycle controller and the kubelet set (not-ready, unreachable,
+#: memory-pressure, unschedulable, ...): no gputap pod tolerates them
+KUBERNETES_TAINTS = "node.kubernetes.io/"
 
 
 def quantity(value: Any) -> int:
@@ -48,20 +63,53 @@ class NodeGPUs:
     hostname: str | None = None
 
 
+def takes_pods(node: Mapping[str, Any]) -> bool:
+    """Whether the scheduler would place a new gputap pod on the node: not cordoned, Ready,
+    and without a NoSchedule or NoExecute taint of Kubernetes' own. (kube-scheduler keeps
+    pods off NotReady nodes through the taints alone; a Ready condition that is not True
+    counts too, for the moments before the controller taints the node.)"""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if spec.get("unschedulable", False):
+        return False
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") != "True":
+        return False
+    return not any(
+        str(t.get("key", "")).startswith(KUBERNETES_TAINTS)
+        and t.get("effect") in ("NoSchedule", "NoExecute")
+        for t in spec.get("taints") or []
+    )
+
+
 def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
     """Offerings of a node object from its GFD product label and allocatable resources."""
-    meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
+    meta, status = node.get("metadata", {}), node.get("status") or {}
     product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
     result = NodeGPUs(
         meta["name"],
-        schedulable=not spec.get("unschedulable", False),
+        schedulable=takes_pods(node),
         product=product,
         hostname=(meta.get("labels") or {}).get(HOSTNAME_LABEL),
     )
-    card = catalog.card_for_product(product) if product else None
-    if card is None:
-        if product:
-            log.warning("node %s: GPU %s is not in the catalog; not offered", meta["name"], product)
+    if not product:
+        return result
+    # what nvidia.com/gpu is on this node: whole cards, a MIG profile, or time-sliced shares
+    gpu_kind: str | None = None
+    name = product
+    if name.endswith(SHARED_SUFFIX):
+        name, gpu_kind = name.removesuffix(SHARED_SUFFIX), SHARED
+    single = _SINGLE_MIG.fullmatch(name)
+    if single and gpu_kind is None:
+        name, gpu_kind = single["card"], single["profile"]
+    card = catalog.card_for_product(name)
+    # "-MIG-INVALID" (GFD: the single strategy with mixed profiles), or MIG slices shared
+    odd_mig = "-MIG-" in name and (not single or gpu_kind == SHARED)
+    if card is None or odd_mig:
+        log.warning("node %s: GPU %s is not in the catalog; not offered", meta["name"], product)
+        return result
+    if gpu_kind not in (None, SHARED) and card.profile(gpu_kind) is None:
+        log.warning("node %s: %s has no MIG profile %s; not offered", meta["name"], card.sku,
+                    gpu_kind)  # fmt: skip
         return result
     allocatable = status.get("allocatable") or {}
     for resource, value in allocatable.items():
@@ -69,7 +117,7 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
         if count <= 0:
             continue
         if resource == GPU_RESOURCE:
-            result.resources[card.sku] = (resource, count)
+            result.resources[offering_key(card.sku, gpu_kind)] = (resource, count)
         elif resource == SHARED_RESOURCE:
             result.resources[offering_key(card.sku, SHARED)] = (resource, count)
         elif resource.startswith(MIG_PREFIX):

@@ -65,11 +65,16 @@ def test_a_slice_asks_for_its_mig_resource_and_a_share_of_cpu():
     assert all(is_valid_label(v) for v in s["extra_labels"].values())
 
 
-def test_cpu_only_has_labels_and_no_gpu():
+def test_cpu_only_asks_for_cpu_and_memory_and_sees_no_gpu():
     s = gpu_pod_settings(
         Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol", session_id="s-3"
     )
-    assert set(s) == {"extra_labels", "extra_annotations"}
+    assert set(s) == {
+        "extra_labels", "extra_annotations", "cpu_guarantee", "mem_guarantee", "environment"
+    }  # fmt: skip
+    # the catalog's cpu entry: 2 cores, 4 GB; no GPU resource, selector or toleration
+    assert (s["cpu_guarantee"], s["mem_guarantee"]) == (2, "4G")
+    assert s["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert s["extra_annotations"]["gputap.io/offering"] == "cpu"
     assert s["extra_annotations"]["gputap.io/session"] == "s-3"
 
@@ -171,7 +176,7 @@ async def test_the_placement_goes_onto_the_pod_kubespawner_built_keeping_what_is
     assert spec["priorityClassName"] == "gputap-on-demand"
 
 
-async def test_a_cpu_server_gets_only_its_labels_and_priority():
+async def test_a_cpu_server_gets_its_labels_requests_and_no_gpus():
     from spawner.kube.objects import apply_pod_settings
 
     settings = gpu_pod_settings(
@@ -179,5 +184,11 @@ async def test_a_cpu_server_gets_only_its_labels_and_priority():
     )
     before = pod_json(kubespawner_pod())
     after = pod_json(apply_pod_settings(kubespawner_pod(), settings))
+    [container], [was] = after["spec"].pop("containers"), before["spec"].pop("containers")
     assert after["spec"] == before["spec"]
+    assert container["resources"] == {"limits": {}, "requests": {"cpu": 2.0, "memory": "4G"}}
+    assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert {k: v for k, v in container.items() if k not in ("resources", "env")} == {
+        k: v for k, v in was.items() if k not in ("resources", "env")
+    }
     assert after["metadata"]["annotations"]["gputap.io/session"] == "s-3"
