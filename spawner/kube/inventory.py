@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from gputap_common import labels
@@ -44,6 +45,27 @@ SHARED_SUFFIX = "-SHARED"
 KUBERNETES_TAINTS = "node.kubernetes.io/"
 
 
+_QUANTITY = re.compile(
+    r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[eE](?P<exponent>[+-]?[0-9]+)|(?P<suffix>[numkMGTPE]|[KMGTPE]i))?"
+)
+_SCALE = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
+          **{s: 1000**i for i, s in enumerate("kMGTPE", 1)},
+          **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", 1)}}  # fmt: skip
+
+
+def parse_quantity(value: Any) -> Fraction:
+    """A Kubernetes quantity ("3920m", "13621Mi", "4G", 2.5) as an exact number; 0 for what
+    is not one (a node or pod object with a bad quantity counts as none)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Fraction(value)
+    m = _QUANTITY.fullmatch(str(value).strip())
+    if not m:
+        return Fraction(0)
+    scale = Fraction(10) ** int(m["exponent"]) if m["exponent"] else _SCALE[m["suffix"] or ""]
+    return Fraction(m["number"]) * scale
+
+
 def quantity(value: Any) -> int:
     """An extended-resource quantity ("2", 2) as an int; GPUs are never fractional."""
     try:
@@ -61,6 +83,9 @@ class NodeGPUs:
     schedulable: bool = True
     product: str | None = None
     hostname: str | None = None
+    #: allocatable CPU (millicores) and memory (bytes)
+    cpu_milli: int = 0
+    memory_bytes: int = 0
 
 
 def takes_pods(node: Mapping[str, Any]) -> bool:
@@ -90,6 +115,8 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
         schedulable=takes_pods(node),
         product=product,
         hostname=(meta.get("labels") or {}).get(HOSTNAME_LABEL),
+        cpu_milli=int(parse_quantity((status.get("allocatable") or {}).get("cpu", 0)) * 1000),
+        memory_bytes=int(parse_quantity((status.get("allocatable") or {}).get("memory", 0))),
     )
     if not product:
         return result
@@ -137,6 +164,18 @@ def pod_requests(pod: Mapping[str, Any]) -> Counter[str]:
             if resource in (GPU_RESOURCE, SHARED_RESOURCE) or resource.startswith(MIG_PREFIX):
                 wanted[resource] += quantity(value)
     return wanted
+
+
+def host_requests(pod: Mapping[str, Any]) -> Counter[str]:
+    """CPU (``cpu``, millicores) and memory (``memory``, bytes) a pod holds on its node, as
+    the scheduler counts them: requests, or limits where no request is given."""
+    wanted: Counter[str] = Counter()
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        wanted["cpu"] += int(parse_quantity(asked.get("cpu", 0)) * 1000)
+        wanted["memory"] += int(parse_quantity(asked.get("memory", 0)))
+    return +wanted
 
 
 class ClusterInventory:
@@ -206,7 +245,7 @@ class ClusterInventory:
         node_name = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         holds = event != "DELETED" and node_name and phase not in labels.TERMINAL_PHASES
-        wanted = pod_requests(pod) if holds else Counter()
+        wanted = pod_requests(pod) + host_requests(pod) if holds else Counter()
         # interruptible pods, which on-demand pods may preempt
         spot = (meta.get("labels") or {}).get(labels.PRICE_CLASS) == "spot"
         previous = self._holding.pop(uid, None)
@@ -226,6 +265,15 @@ class ClusterInventory:
                 self._spot_used.setdefault(node_name, Counter()).update(wanted)
         if node_name:
             self._refresh(node_name)
+
+    def room(self, node_name: str) -> tuple[int, int] | None:
+        """CPU (millicores) and memory (bytes) of a node that no pod bound to it requests;
+        None for a node not known."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return None
+        used = self._used.get(node_name, Counter())
+        return node.cpu_milli - used["cpu"], node.memory_bytes - used["memory"]
 
     def reset(self) -> None:
         """Forget everything (before a full relist)."""

@@ -71,6 +71,7 @@ def gpu_pod_settings(
     product: str | None = None,
     hostname: str | None = None,
     resource: str | None = None,
+    room: tuple[int, int] | None = None,
     price_class: str = "on-demand",
     course: str = "",
 ) -> dict[str, Any]:
@@ -84,7 +85,11 @@ def gpu_pod_settings(
     (``nvidia.com/gpu`` for a slice under the single MIG strategy or a share of a GPU not
     renamed; inventory.node_gpus), by default :func:`gpu_resource`; the node selector on the
     product label then picks the node's shape ("...-MIG-1g.10gb", "...-SHARED").
-    ``session_id`` is the billing session the pod is metered under.
+    ``room`` is the node's CPU (millicores) and memory (bytes) no pod requests yet
+    (ClusterInventory.room): the catalog's guarantees are cut to it, so a GPU on a small
+    cloud node (a g5.xlarge: 4 vCPUs, 16 GiB, less after system reservations) gets what the
+    node has instead of a pod that is never scheduled. ``session_id`` is the billing session
+    the pod is metered under.
 
     A CPU-only server asks for the catalog's ``cpu`` cores and memory (requests, so the
     scheduler counts them) and sees no GPU (``NVIDIA_VISIBLE_DEVICES=void``).
@@ -131,13 +136,21 @@ def gpu_pod_settings(
         labels[keys.SLICE] = "shared"
         share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory
     units = placement.count * share
+    cpu = round(card.cpu_per_gpu * units, 2)
+    memory = f"{max(1, round(card.memory_gb_per_gpu * units))}G"
+    if room is not None:
+        cpu_room, memory_room = max(0, room[0]), max(0, room[1])
+        if cpu * 1000 > cpu_room:
+            cpu = cpu_room // 10 / 100  # whole hundredths of a core, rounded down
+        if int(memory[:-1]) * 10**9 > memory_room:
+            memory = f"{memory_room // 2**20}Mi"
     settings.update(
         extra_resource_limits={resource: str(placement.count)},
         extra_resource_guarantees={resource: str(placement.count)},
         node_selector={PRODUCT_LABEL: product, **({HOSTNAME_LABEL: hostname} if hostname else {})},
         tolerations=list(GPU_TOLERATIONS),
-        cpu_guarantee=round(card.cpu_per_gpu * units, 2),
-        mem_guarantee=f"{max(1, round(card.memory_gb_per_gpu * units))}G",
+        cpu_guarantee=cpu,
+        mem_guarantee=memory,
     )
     return settings
 

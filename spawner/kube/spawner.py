@@ -194,6 +194,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             resource=node.resources[placement.offering.key][0]
             if node and placement.offering.key in node.resources
             else None,
+            room=watcher.inventory.room(placement.node) if placement.node else None,
             price_class=record.price_class,
             course=record.course,
         )

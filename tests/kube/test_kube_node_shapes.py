@@ -1,6 +1,7 @@
 """GPUKubeSpawner on the NVIDIA node shapes real clusters have (tests/kube_sim/cluster.py):
 MIG single strategy, time-slicing without renameByDefault, NotReady and unreachable nodes,
-a GPU marked unhealthy, and an untainted GPU node where CPU-only servers land."""
+a GPU marked unhealthy, a small cloud GPU node, and an untainted GPU node where CPU-only
+servers land."""
 
 import pytest
 
@@ -22,7 +23,9 @@ def cluster():
         # 4 A10Gs, one of them unhealthy (XID 79): 3 allocatable
         c.cloud_node("a10g", "g5.12xlarge", unhealthy=1)
         c.gpu_node("l40s-down", product="NVIDIA-L40S", gpus=4, memory_mib=46068, ready="False")
-        c.cloud_node("l4-gone", "g2-standard-4", ready="Unknown")
+        c.cloud_node("a100-gone", "Standard_NC24ads_A100_v4", ready="Unknown")
+        # one L4 with 4 vCPUs and 16 GiB, less after GKE's reservations
+        c.cloud_node("l4-small", "g2-standard-4")
         # a GPU node without the nvidia.com/gpu taint (EKS's GPU AMIs, for one, set none):
         # CPU-only servers land here
         labels = gpu_node_spec("x", product="NVIDIA-A10", gpus=2, memory_mib=23028)["labels"]
@@ -78,8 +81,8 @@ def test_time_slicing_without_rename_is_the_shared_offering(platform, cluster):
 
 def test_not_ready_and_unreachable_nodes_offer_nothing(platform, cluster):
     page = form(platform, "cy")
-    assert 'data-key="L40S"' not in page and 'data-key="L4"' not in page
-    for card in ("L40S", "L4"):
+    assert 'data-key="L40S"' not in page and 'data-key="A100-80GB"' not in page
+    for card in ("L40S", "A100-80GB"):
         r = platform.spawn("cy", {"kind": "card", "card": card})
         assert r.status_code == 400, r.text
         assert card in r.json()["message"]
@@ -116,3 +119,18 @@ def test_a_cpu_server_asks_for_cpu_and_memory_and_sees_no_gpu(platform, cluster)
     env = {e["name"]: e.get("value") for e in container.get("env") or []}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     platform.stop_server("eve")
+
+
+def test_a_gpu_on_a_small_cloud_node_gets_what_the_node_has(platform, cluster):
+    platform.create_user("fay")
+    r = platform.spawn("fay", {"kind": "card", "card": "L4"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("fay")
+    pod = pod_of(cluster, "fay")
+    assert pod["spec"]["nodeName"] == "l4-small"
+    # the catalog's L4 guarantees (4 cores, 32 GB) cut to the node's 3920m and 13621Mi
+    requests = pod["spec"]["containers"][0]["resources"]["requests"]
+    assert parse_quantity(requests["cpu"]) <= parse_quantity("3920m")
+    assert parse_quantity(requests["memory"]) <= parse_quantity("13621Mi")
+    assert parse_quantity(requests["cpu"]) >= 3 and parse_quantity(requests["memory"]) > 13 * 10**9
+    platform.stop_server("fay")

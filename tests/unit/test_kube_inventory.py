@@ -1,5 +1,12 @@
 from spawner.core.catalog import Catalog
-from spawner.kube.inventory import ClusterInventory, node_gpus, pod_requests, takes_pods
+from spawner.kube.inventory import (
+    ClusterInventory,
+    host_requests,
+    node_gpus,
+    parse_quantity,
+    pod_requests,
+    takes_pods,
+)
 
 CATALOG = Catalog.load()
 
@@ -166,3 +173,28 @@ def test_nodes_that_take_no_new_pods_offer_nothing():
     assert takes_pods(node("gpu-l40s", "NVIDIA-L40S", {}))  # no conditions reported: as before
     inv.apply_node("MODIFIED", node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"}))
     assert inv.view.free("L40S") == 4
+
+
+def test_room_is_allocatable_cpu_and_memory_less_every_bound_pods_requests():
+    inv = ClusterInventory(CATALOG)
+    small = node("l4", "NVIDIA-L4", {"nvidia.com/gpu": "1"})
+    small["status"]["allocatable"].update(cpu="3920m", memory="13621Mi")
+    inv.apply_node("ADDED", small)
+    assert inv.room("l4") == (3920, 13621 * 2**20)
+    daemon = pod("ds", "l4", {})
+    daemon["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m", "memory": "50Mi"}}
+    inv.apply_pod("ADDED", daemon)
+    limits_only = pod("lim", "l4", {"cpu": "1", "memory": "1Gi"})
+    inv.apply_pod("ADDED", limits_only)
+    assert inv.room("l4") == (3920 - 100 - 1000, (13621 - 50 - 1024) * 2**20)
+    inv.apply_pod("DELETED", limits_only)
+    assert inv.room("l4") == (3820, (13621 - 50) * 2**20)
+    assert inv.view.free("L4") == 1  # CPU pods take no GPU
+    assert inv.room("nowhere") is None
+
+
+def test_quantities_parse_as_kubernetes_writes_them():
+    assert [parse_quantity(q) for q in ("3920m", "2", 2.5, "1e3", "4G", "16Gi", "junk")] == [
+        parse_quantity("3.92"), 2, parse_quantity("2.5"), 1000, 4 * 10**9, 16 * 2**30, 0
+    ]  # fmt: skip
+    assert host_requests(pod("x", "n", {"nvidia.com/gpu": "1"})) == {}
