@@ -132,7 +132,8 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
     # "-MIG-INVALID" (GFD: the single strategy with mixed profiles), or MIG slices shared
     odd_mig = "-MIG-" in name and (not single or gpu_kind == SHARED)
     if card is None or odd_mig:
-        log.warning("node %s: GPU %s is not in the catalog; not offered", meta["name"], product)
+        why = "is no MIG layout gputap sells" if card else "is not in the catalog"
+        log.warning("node %s: GPU %s %s; not offered", meta["name"], product, why)
         return result
     if gpu_kind not in (None, SHARED) and card.profile(gpu_kind) is None:
         log.warning("node %s: %s has no MIG profile %s; not offered", meta["name"], card.sku,
