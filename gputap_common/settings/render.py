@@ -119,17 +119,21 @@ RBAC_VALUES: dict[str, Any] = {
 }
 
 
-def _priority_class(what: str, value: int) -> dict[str, Any]:
+def _priority_class(
+    what: str, value: int, value_help: str, policy: str, policy_help: str
+) -> dict[str, Any]:
     return {
         "type": "object",
         "additionalProperties": False,
         "description": f"The PriorityClass of {what} servers.",
         "properties": {
-            "value": {
-                "type": "integer",
-                "default": value,
-                "description": "Its priority: on-demand above spot, so it preempts spot.",
-            }
+            "value": {"type": "integer", "default": value, "description": value_help},
+            "preemptionPolicy": {
+                "type": "string",
+                "enum": ["PreemptLowerPriority", "Never"],
+                "default": policy,
+                "description": policy_help,
+            },
         },
     }
 
@@ -146,8 +150,25 @@ PRIORITY_CLASS_VALUES: dict[str, Any] = {
             "default": True,
             "description": "false: the classes named in custom.gputap exist already.",
         },
-        "onDemand": _priority_class("on-demand", 1000),
-        "spot": _priority_class("interruptible (spot)", -100),
+        "onDemand": _priority_class(
+            "on-demand",
+            1000,
+            "Its priority: on-demand above spot, so it preempts spot.",
+            "PreemptLowerPriority",
+            "PreemptLowerPriority: an on-demand server may preempt spot servers.",
+        ),
+        # cluster-autoscaler counts pods below --expendable-pods-priority-cutoff (default
+        # -10) as expendable: docs/kubernetes.md, "Priority classes"
+        "spot": _priority_class(
+            "interruptible (spot)",
+            -10,
+            "Its priority: below on-demand, so on-demand preempts spot, and not below "
+            "cluster-autoscaler's --expendable-pods-priority-cutoff (default -10), under "
+            "which the autoscaler removes a node running only spot servers as if it were "
+            "empty.",
+            "Never",
+            "Never: a spot server takes only what is free and never preempts another pod.",
+        ),
     },
 }
 

@@ -150,9 +150,18 @@ def _card_from_data(sku: str, data: Mapping[str, Any]) -> Card:
 class Catalog:
     """Cards by SKU plus the CPU-only offering, with lookups by product label."""
 
-    def __init__(self, cards: Iterable[Card], cpu_name: str = "CPU only"):
+    def __init__(
+        self,
+        cards: Iterable[Card],
+        cpu_name: str = "CPU only",
+        cpu_cores: float = 2,
+        cpu_memory_gb: float = 4,
+    ):
         self.cards: dict[str, Card] = {card.sku: card for card in cards}
         self.cpu = Offering(CPU_KEY, "cpu", cpu_name, 0.0, 0.0)
+        #: what a CPU-only server is guaranteed (a Kubernetes pod's requests)
+        self.cpu_cores = cpu_cores
+        self.cpu_memory_gb = cpu_memory_gb
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Catalog:
@@ -173,7 +182,14 @@ class Catalog:
                         f"product {product!r} is listed by both {other} and {card.sku}; "
                         "a name the driver reports must belong to one card"
                     )
-        return cls(built, cpu_name=str(cpu.get("name") or "CPU only"))
+        sizes = {}
+        for key, name in (("cpu", "cpu_cores"), ("memory_gb", "cpu_memory_gb")):
+            if key in cpu:
+                value = cpu[key]
+                if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                    raise ValueError(f"catalog cpu: {key} must be a positive number, not {value!r}")
+                sizes[name] = float(value)
+        return cls(built, cpu_name=str(cpu.get("name") or "CPU only"), **sizes)
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any] | None = None) -> Catalog:
@@ -191,7 +207,7 @@ class Catalog:
         for card in cards:
             if all(card.sku != c.sku for c in added):
                 added.append(card)
-        return Catalog(added, cpu_name=self.cpu.name)
+        return Catalog(added, self.cpu.name, self.cpu_cores, self.cpu_memory_gb)
 
     def card(self, sku: str) -> Card:
         try:

@@ -1,18 +1,27 @@
 """What exists and what is free on a Kubernetes cluster, from nodes and pods.
 
-GPU nodes are recognised by their GPU Feature Discovery labels and allocatable extended
-resources: ``nvidia.com/gpu`` (whole cards) and ``nvidia.com/mig-<profile>`` (MIG slices,
-mixed strategy). Free = allocatable minus the requests of non-terminal pods bound to the node;
-cordoned nodes offer nothing. :class:`ClusterInventory` is pure: it takes node and pod objects
-(Kubernetes JSON) one event at a time, each an O(1) update of its :class:`FreeView`.
+GPU nodes are recognised by their GPU Feature Discovery labels and the NVIDIA device plugin's
+allocatable extended resources, in each shape the device plugin has (k8s-device-plugin,
+internal/lm): ``nvidia.com/gpu`` whole cards; MIG slices as ``nvidia.com/mig-<profile>``
+(mixed strategy), or as ``nvidia.com/gpu`` on a node whose product label ends
+``-MIG-<profile>`` (single strategy); time-sliced shares as ``nvidia.com/gpu.shared``
+(``renameByDefault``), or as ``nvidia.com/gpu`` on a node whose product label ends
+``-SHARED``. Free = allocatable (the device plugin leaves unhealthy GPUs out) minus the
+requests of non-terminal pods bound to the node. A node that takes no new pods offers
+nothing: cordoned, not Ready, or tainted by Kubernetes itself (``node.kubernetes.io/``
+not-ready, unreachable, ... with NoSchedule or NoExecute). :class:`ClusterInventory` is pure:
+it takes node and pod objects (Kubernetes JSON) one event at a time, each an O(1) update of
+its :class:`FreeView`.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from gputap_common import labels
@@ -27,6 +36,34 @@ SHARED_RESOURCE = "nvidia.com/gpu.shared"
 MIG_PREFIX = "nvidia.com/mig-"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: GFD's product label under the single MIG strategy: "<card>-MIG-<profile>"
+_SINGLE_MIG = re.compile(r"(?P<card>.+)-MIG-(?P<profile>[1-7]g\.\d+gb)")
+#: GFD's suffix on the product label of time-sliced GPUs not renamed to nvidia.com/gpu.shared
+SHARED_SUFFIX = "-SHARED"
+#: taints the node lifecycle controller and the kubelet set (not-ready, unreachable,
+#: memory-pressure, unschedulable, ...): no gputap pod tolerates them
+KUBERNETES_TAINTS = "node.kubernetes.io/"
+
+
+_QUANTITY = re.compile(
+    r"(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[eE](?P<exponent>[+-]?[0-9]+)|(?P<suffix>[numkMGTPE]|[KMGTPE]i))?"
+)
+_SCALE = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
+          **{s: 1000**i for i, s in enumerate("kMGTPE", 1)},
+          **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", 1)}}  # fmt: skip
+
+
+def parse_quantity(value: Any) -> Fraction:
+    """A Kubernetes quantity ("3920m", "13621Mi", "4G", 2.5) as an exact number; 0 for what
+    is not one (a node or pod object with a bad quantity counts as none)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return Fraction(value)
+    m = _QUANTITY.fullmatch(str(value).strip())
+    if not m:
+        return Fraction(0)
+    scale = Fraction(10) ** int(m["exponent"]) if m["exponent"] else _SCALE[m["suffix"] or ""]
+    return Fraction(m["number"]) * scale
 
 
 def quantity(value: Any) -> int:
@@ -46,22 +83,61 @@ class NodeGPUs:
     schedulable: bool = True
     product: str | None = None
     hostname: str | None = None
+    #: allocatable CPU (millicores) and memory (bytes)
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+
+
+def takes_pods(node: Mapping[str, Any]) -> bool:
+    """Whether the scheduler would place a new gputap pod on the node: not cordoned, Ready,
+    and without a NoSchedule or NoExecute taint of Kubernetes' own. (kube-scheduler keeps
+    pods off NotReady nodes through the taints alone; a Ready condition that is not True
+    counts too, for the moments before the controller taints the node.)"""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if spec.get("unschedulable", False):
+        return False
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") != "True":
+        return False
+    return not any(
+        str(t.get("key", "")).startswith(KUBERNETES_TAINTS)
+        and t.get("effect") in ("NoSchedule", "NoExecute")
+        for t in spec.get("taints") or []
+    )
 
 
 def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
     """Offerings of a node object from its GFD product label and allocatable resources."""
-    meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
+    meta, status = node.get("metadata", {}), node.get("status") or {}
     product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
     result = NodeGPUs(
         meta["name"],
-        schedulable=not spec.get("unschedulable", False),
+        schedulable=takes_pods(node),
         product=product,
         hostname=(meta.get("labels") or {}).get(HOSTNAME_LABEL),
+        cpu_milli=int(parse_quantity((status.get("allocatable") or {}).get("cpu", 0)) * 1000),
+        memory_bytes=int(parse_quantity((status.get("allocatable") or {}).get("memory", 0))),
     )
-    card = catalog.card_for_product(product) if product else None
-    if card is None:
-        if product:
-            log.warning("node %s: GPU %s is not in the catalog; not offered", meta["name"], product)
+    if not product:
+        return result
+    # what nvidia.com/gpu is on this node: whole cards, a MIG profile, or time-sliced shares
+    gpu_kind: str | None = None
+    name = product
+    if name.endswith(SHARED_SUFFIX):
+        name, gpu_kind = name.removesuffix(SHARED_SUFFIX), SHARED
+    single = _SINGLE_MIG.fullmatch(name)
+    if single and gpu_kind is None:
+        name, gpu_kind = single["card"], single["profile"]
+    card = catalog.card_for_product(name)
+    # "-MIG-INVALID" (GFD: the single strategy with mixed profiles), or MIG slices shared
+    odd_mig = "-MIG-" in name and (not single or gpu_kind == SHARED)
+    if card is None or odd_mig:
+        why = "is no MIG layout gputap sells" if card else "is not in the catalog"
+        log.warning("node %s: GPU %s %s; not offered", meta["name"], product, why)
+        return result
+    if gpu_kind not in (None, SHARED) and card.profile(gpu_kind) is None:
+        log.warning("node %s: %s has no MIG profile %s; not offered", meta["name"], card.sku,
+                    gpu_kind)  # fmt: skip
         return result
     allocatable = status.get("allocatable") or {}
     for resource, value in allocatable.items():
@@ -69,7 +145,7 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
         if count <= 0:
             continue
         if resource == GPU_RESOURCE:
-            result.resources[card.sku] = (resource, count)
+            result.resources[offering_key(card.sku, gpu_kind)] = (resource, count)
         elif resource == SHARED_RESOURCE:
             result.resources[offering_key(card.sku, SHARED)] = (resource, count)
         elif resource.startswith(MIG_PREFIX):
@@ -89,6 +165,18 @@ def pod_requests(pod: Mapping[str, Any]) -> Counter[str]:
             if resource in (GPU_RESOURCE, SHARED_RESOURCE) or resource.startswith(MIG_PREFIX):
                 wanted[resource] += quantity(value)
     return wanted
+
+
+def host_requests(pod: Mapping[str, Any]) -> Counter[str]:
+    """CPU (``cpu``, millicores) and memory (``memory``, bytes) a pod holds on its node, as
+    the scheduler counts them: requests, or limits where no request is given."""
+    wanted: Counter[str] = Counter()
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        wanted["cpu"] += int(parse_quantity(asked.get("cpu", 0)) * 1000)
+        wanted["memory"] += int(parse_quantity(asked.get("memory", 0)))
+    return +wanted
 
 
 class ClusterInventory:
@@ -158,7 +246,7 @@ class ClusterInventory:
         node_name = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         holds = event != "DELETED" and node_name and phase not in labels.TERMINAL_PHASES
-        wanted = pod_requests(pod) if holds else Counter()
+        wanted = pod_requests(pod) + host_requests(pod) if holds else Counter()
         # interruptible pods, which on-demand pods may preempt
         spot = (meta.get("labels") or {}).get(labels.PRICE_CLASS) == "spot"
         previous = self._holding.pop(uid, None)
@@ -178,6 +266,15 @@ class ClusterInventory:
                 self._spot_used.setdefault(node_name, Counter()).update(wanted)
         if node_name:
             self._refresh(node_name)
+
+    def room(self, node_name: str) -> tuple[int, int] | None:
+        """CPU (millicores) and memory (bytes) of a node that no pod bound to it requests;
+        None for a node not known."""
+        node = self.nodes.get(node_name)
+        if node is None:
+            return None
+        used = self._used.get(node_name, Counter())
+        return node.cpu_milli - used["cpu"], node.memory_bytes - used["memory"]
 
     def reset(self) -> None:
         """Forget everything (before a full relist)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes_asyncio.client.models import (
+    V1EnvVar,
     V1Lifecycle,
     V1Pod,
     V1ResourceRequirements,
@@ -38,6 +39,10 @@ from .inventory import (
 )
 
 GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+#: NVIDIA Container Toolkit: "void" (like unset) exposes no GPU and no driver. CUDA images
+#: set NVIDIA_VISIBLE_DEVICES=all, which a pod without a GPU request keeps: on a GPU node
+#: without the nvidia.com/gpu taint it would see, and use, every GPU of the node.
+NO_GPUS = {"NVIDIA_VISIBLE_DEVICES": "void"}
 
 
 def label(value: str) -> str:
@@ -45,13 +50,15 @@ def label(value: str) -> str:
     return safe_slug(value, is_valid=is_valid_label, max_length=63) if value else ""
 
 
-def gpu_resource(placement: Placement) -> str | None:
+def gpu_resource(placement: Placement) -> str:
+    """The resource an offering is requested as on nodes where each offering has its own:
+    the MIG mixed strategy and renamed time-slicing."""
     offering = placement.offering
     if offering.kind == "slice":
         return f"{MIG_PREFIX}{offering.profile}"
     if offering.kind == "shared":
         return SHARED_RESOURCE
-    return GPU_RESOURCE if offering.kind == "card" else None
+    return GPU_RESOURCE
 
 
 def gpu_pod_settings(
@@ -63,6 +70,8 @@ def gpu_pod_settings(
     server_name: str = "",
     product: str | None = None,
     hostname: str | None = None,
+    resource: str | None = None,
+    room: tuple[int, int] | None = None,
     price_class: str = "on-demand",
     course: str = "",
 ) -> dict[str, Any]:
@@ -72,7 +81,18 @@ def gpu_pod_settings(
     ``kubernetes.io/hostname``: the pod is pinned to that node (node selectors on both, so the
     scheduler binds it where its GPUs were reserved), and tolerates the GPU taint. CPU and
     memory guarantees come from the card's catalog entry, per GPU (a slice counts as its share
-    of a card). ``session_id`` is the billing session the pod is metered under.
+    of a card). ``resource`` is what the chosen node advertises the offering as
+    (``nvidia.com/gpu`` for a slice under the single MIG strategy or a share of a GPU not
+    renamed; inventory.node_gpus), by default :func:`gpu_resource`; the node selector on the
+    product label then picks the node's shape ("...-MIG-1g.10gb", "...-SHARED").
+    ``room`` is the node's CPU (millicores) and memory (bytes) no pod requests yet
+    (ClusterInventory.room): the catalog's guarantees are cut to it, so a GPU on a small
+    cloud node (a g5.xlarge: 4 vCPUs, 16 GiB, less after system reservations) gets what the
+    node has instead of a pod that is never scheduled. ``session_id`` is the billing session
+    the pod is metered under.
+
+    A CPU-only server asks for the catalog's ``cpu`` cores and memory (requests, so the
+    scheduler counts them) and sees no GPU (``NVIDIA_VISIBLE_DEVICES=void``).
     """
     if not session_id:
         raise ValueError("session_id: every gputap pod names its billing session")
@@ -96,9 +116,14 @@ def gpu_pod_settings(
         labels[keys.COURSE] = label(course)
         annotations[keys.COURSE] = course
     settings: dict[str, Any] = {"extra_labels": labels, "extra_annotations": annotations}
-    resource = gpu_resource(placement)
-    if resource is None:
+    if offering.kind == "cpu":
+        settings.update(
+            cpu_guarantee=catalog.cpu_cores,
+            mem_guarantee=f"{max(1, round(catalog.cpu_memory_gb))}G",
+            environment=dict(NO_GPUS),
+        )
         return settings
+    resource = resource or gpu_resource(placement)
     if not product:
         raise ValueError(f"{offering.key}: the node's {PRODUCT_LABEL} label is needed")
     card = catalog.card(offering.card)
@@ -111,13 +136,21 @@ def gpu_pod_settings(
         labels[keys.SLICE] = "shared"
         share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory
     units = placement.count * share
+    cpu = round(card.cpu_per_gpu * units, 2)
+    memory = f"{max(1, round(card.memory_gb_per_gpu * units))}G"
+    if room is not None:
+        cpu_room, memory_room = max(0, room[0]), max(0, room[1])
+        if cpu * 1000 > cpu_room:
+            cpu = cpu_room // 10 / 100  # whole hundredths of a core, rounded down
+        if int(memory[:-1]) * 10**9 > memory_room:
+            memory = f"{memory_room // 2**20}Mi"
     settings.update(
         extra_resource_limits={resource: str(placement.count)},
         extra_resource_guarantees={resource: str(placement.count)},
         node_selector={PRODUCT_LABEL: product, **({HOSTNAME_LABEL: hostname} if hostname else {})},
         tolerations=list(GPU_TOLERATIONS),
-        cpu_guarantee=round(card.cpu_per_gpu * units, 2),
-        mem_guarantee=f"{max(1, round(card.memory_gb_per_gpu * units))}G",
+        cpu_guarantee=cpu,
+        mem_guarantee=memory,
     )
     return settings
 
@@ -131,7 +164,8 @@ def _notebook_container(pod: V1Pod) -> Any:
 
 def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
     """``settings`` (what :func:`gpu_pod_settings` and ``disk_pod_settings`` make, keyed as
-    the KubeSpawner options they add to, plus ``priority_class_name``) added to the pod
+    the KubeSpawner options they add to, plus ``priority_class_name``; ``environment``
+    replaces the container's variables of the same names) added to the pod
     KubeSpawner built from its configuration: mappings merged over what is configured (ours
     win), lists appended, scalars set. Changes and returns ``pod``.
 
@@ -149,6 +183,10 @@ def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
     resources.requests = requests
     resources.limits = {**(resources.limits or {}), **settings.get("extra_resource_limits", {})}
     container.resources = resources
+    if settings.get("environment"):
+        ours = settings["environment"]
+        kept = [e for e in container.env or [] if e.name not in ours]
+        container.env = [*kept, *(V1EnvVar(name=k, value=v) for k, v in ours.items())]
     if settings.get("node_selector"):
         spec.node_selector = {**(spec.node_selector or {}), **settings["node_selector"]}
     if settings.get("tolerations"):

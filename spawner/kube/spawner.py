@@ -191,6 +191,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             server_name=self.name,
             product=node.product if node else None,
             hostname=node.hostname if node else None,
+            resource=node.resources[placement.offering.key][0]
+            if node and placement.offering.key in node.resources
+            else None,
+            room=watcher.inventory.room(placement.node) if placement.node else None,
             price_class=record.price_class,
             course=record.course,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 import kubernetes
 import kubernetes.utils
 import pytest
+import yaml
 
 from tests.helm.chart import copy_chart, render
 from tests.kube_sim.cluster import SimulatedCluster, admin_key
@@ -99,10 +100,14 @@ def cluster(chart_rbac):
 
 
 def create_priority_classes(cluster) -> None:
-    """What the Helm chart creates (templates/priorityclasses.yaml): gputap never does."""
+    """What the Helm chart creates (templates/priorityclasses.yaml), with the values and
+    preemption policies of its values.yaml: gputap never does."""
     scheduling = kubernetes.client.SchedulingV1Api(kube_api(cluster).api_client)
-    for name, value in (("gputap-on-demand", 1000), ("gputap-spot", -100)):
-        scheduling.create_priority_class({"metadata": {"name": name}, "value": value})
+    chart = yaml.safe_load((ROOT / "helm" / "gputap" / "values.yaml").read_text())
+    classes = chart["priorityClasses"]
+    for name, key in (("gputap-on-demand", "onDemand"), ("gputap-spot", "spot")):
+        body = {"metadata": {"name": name}, **classes[key]}
+        scheduling.create_priority_class(body)
 
 
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:

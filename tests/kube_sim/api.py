@@ -182,6 +182,18 @@ def _validate_binding(rt: ResourceType, name: str, obj: Obj) -> None:
             raise invalid(kind, rt.plural, name, f"subjects[{i}].namespace: Required value")
 
 
+def _default_toleration_seconds(spec: Obj) -> None:
+    """The DefaultTolerationSeconds admission plugin: every pod tolerates a NotReady or
+    unreachable node for 300 s before it is evicted (NoExecute), unless it says otherwise."""
+    tolerations = spec.setdefault("tolerations", [])
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any(t.get("key") == key and t.get("effect") in (None, "", "NoExecute")
+                   for t in tolerations):  # fmt: skip
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            )
+
+
 class Api:
     """The simulated API server's behaviour, independent of HTTP."""
 
@@ -255,9 +267,13 @@ class Api:
                         f"with name {pc_name} was found",
                     )
                 spec["priority"] = pc["value"]
+                # the Priority admission plugin copies the class's preemption policy too
+                spec["preemptionPolicy"] = pc.get("preemptionPolicy") or "PreemptLowerPriority"
             else:
                 default = [p for p in self.list(PRIORITY_CLASS) if p.get("globalDefault")]
                 spec.setdefault("priority", default[0]["value"] if default else 0)
+                spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+            _default_toleration_seconds(spec)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
         elif rt.kind == "Namespace":
             obj["status"] = {"phase": "Active"}

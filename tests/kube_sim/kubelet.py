@@ -20,7 +20,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from .api import CONFIGMAP, POD, SECRET, TERMINAL_PHASES, Api, set_condition
+from .api import CONFIGMAP, NODE, POD, SECRET, TERMINAL_PHASES, Api, set_condition
+from .gpus import DevicePlugin, image_env
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
 
 log = logging.getLogger("kube_sim.kubelet")
@@ -99,6 +100,7 @@ class Kubelet:
         self._tmp = None if root_dir else tempfile.TemporaryDirectory(prefix="kube-sim-")
         self.root_dir = root_dir or self._tmp.name
         self.runs: dict[str, PodRun] = {}  # by pod uid
+        self.devices = DevicePlugin()
         self._logs: dict[tuple[str, str], PodRun] = {}
         self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -424,6 +426,7 @@ class Kubelet:
                     env[prefix + k] = base64.b64decode(v).decode() if rt is SECRET else v
         for item in container.get("env") or []:
             env[item["name"]] = self._env_value(pod, item, env)
+        env = self._gpu_env(pod, container, env)
         # in its own network namespace a process listening on every address (0.0.0.0) is
         # reached at the pod's IP; here the pods share one, so they listen on their pod IP
         pod_ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"
@@ -433,6 +436,17 @@ class Kubelet:
         argv = (command + args) if command else (IDLE_COMMAND if not args else args)
         cwd = container.get("workingDir") or ""
         return argv, env, cwd if cwd and os.path.isdir(cwd) else workdir
+
+    def _gpu_env(self, pod: Obj, container: Obj, env: dict[str, str]) -> dict[str, str]:
+        """The image's NVIDIA variables, then the device plugin's, then the container's
+        own (tests/kube_sim/gpus.py); records which GPUs the container sees."""
+        node = self.api.find(NODE, "", pod["spec"].get("nodeName") or "")
+        if node is None:
+            return env
+        plugin = self.devices.allocate(node, pod, set(self.runs))
+        env = {**image_env(container.get("image") or ""), **plugin, **env}
+        self.devices.expose(node, pod, env)
+        return env
 
     def _env_value(self, pod: Obj, item: Obj, env: dict[str, str]) -> str:
         if "valueFrom" not in item:

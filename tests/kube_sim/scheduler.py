@@ -207,6 +207,8 @@ def place(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> Placement:
 
 def preemption_plan(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[str, list[Obj]] | None:
     """The node and the fewest, lowest-priority victims whose eviction lets the pod fit."""
+    if pod["spec"].get("preemptionPolicy") == "Never":
+        return None  # kube-scheduler's DefaultPreemption: such a pod never evicts others
     requests, mine = pod_requests(pod), priority(pod)
     plans = []
     for node in nodes:

@@ -1,5 +1,12 @@
 from spawner.core.catalog import Catalog
-from spawner.kube.inventory import ClusterInventory, pod_requests
+from spawner.kube.inventory import (
+    ClusterInventory,
+    host_requests,
+    node_gpus,
+    parse_quantity,
+    pod_requests,
+    takes_pods,
+)
 
 CATALOG = Catalog.load()
 
@@ -119,3 +126,75 @@ def test_time_sliced_gpus_are_offered_as_shared():
     shared = pod("p", "ts", {"nvidia.com/gpu.shared": "1"})
     inv.apply_pod("ADDED", shared)
     assert (inv.view.free("T4/shared"), inv.view.total("T4/shared")) == (15, 16)
+
+
+def test_every_device_plugin_shape_is_sold_as_what_it_is():
+    """Each shape as tests/kube_sim's gpu_node_spec builds it, the same node objects."""
+    from tests.kube_sim.cluster import gpu_node_spec
+
+    def offered(**kwargs):
+        spec = gpu_node_spec("n", **kwargs)
+        obj = {
+            "metadata": {"name": "n", "labels": spec["labels"]},
+            "spec": {"taints": spec["taints"]},
+            "status": {"allocatable": spec["allocatable"], "capacity": spec["capacity"]},
+        }
+        return node_gpus(obj, CATALOG).resources
+
+    assert offered(mig="all-1g.10gb", mig_strategy="single") == {
+        "A100-80GB/1g.10gb": ("nvidia.com/gpu", 56)
+    }
+    assert offered(mig="all-3g.40gb") == {"A100-80GB/3g.40gb": ("nvidia.com/mig-3g.40gb", 16)}
+    t4 = {"product": "Tesla-T4", "gpus": 2, "memory_mib": 15360, "replicas": 4}
+    assert offered(**t4) == {"T4/shared": ("nvidia.com/gpu.shared", 8)}
+    assert offered(**t4, rename_by_default=False) == {"T4/shared": ("nvidia.com/gpu", 8)}
+    assert offered(unhealthy=2) == {"A100-80GB": ("nvidia.com/gpu", 6)}
+
+
+def test_odd_mig_products_are_not_offered():
+    for product in ("NVIDIA-A100-SXM4-80GB-MIG-INVALID", "NVIDIA-A100-SXM4-80GB-MIG-9g.1gb",
+                    "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb-SHARED"):  # fmt: skip
+        assert node_gpus(node("n", product, {"nvidia.com/gpu": "7"}), CATALOG).resources == {}
+
+
+def test_nodes_that_take_no_new_pods_offer_nothing():
+    inv = cluster()
+    for ready, taints in (
+        ("False", [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
+        ("Unknown", [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]),
+        ("Unknown", []),  # before the controller taints it
+        ("True", [{"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"}]),
+    ):
+        down = node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"})
+        down["spec"]["taints"] = taints
+        down["status"]["conditions"] = [{"type": "Ready", "status": ready}]
+        inv.apply_node("MODIFIED", down)
+        assert (inv.view.free("L40S"), inv.view.total("L40S")) == (0, 0), (ready, taints)
+    assert takes_pods(node("gpu-l40s", "NVIDIA-L40S", {}))  # no conditions reported: as before
+    inv.apply_node("MODIFIED", node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"}))
+    assert inv.view.free("L40S") == 4
+
+
+def test_room_is_allocatable_cpu_and_memory_less_every_bound_pods_requests():
+    inv = ClusterInventory(CATALOG)
+    small = node("l4", "NVIDIA-L4", {"nvidia.com/gpu": "1"})
+    small["status"]["allocatable"].update(cpu="3920m", memory="13621Mi")
+    inv.apply_node("ADDED", small)
+    assert inv.room("l4") == (3920, 13621 * 2**20)
+    daemon = pod("ds", "l4", {})
+    daemon["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m", "memory": "50Mi"}}
+    inv.apply_pod("ADDED", daemon)
+    limits_only = pod("lim", "l4", {"cpu": "1", "memory": "1Gi"})
+    inv.apply_pod("ADDED", limits_only)
+    assert inv.room("l4") == (3920 - 100 - 1000, (13621 - 50 - 1024) * 2**20)
+    inv.apply_pod("DELETED", limits_only)
+    assert inv.room("l4") == (3820, (13621 - 50) * 2**20)
+    assert inv.view.free("L4") == 1  # CPU pods take no GPU
+    assert inv.room("nowhere") is None
+
+
+def test_quantities_parse_as_kubernetes_writes_them():
+    assert [parse_quantity(q) for q in ("3920m", "2", 2.5, "1e3", "4G", "16Gi", "junk")] == [
+        parse_quantity("3.92"), 2, parse_quantity("2.5"), 1000, 4 * 10**9, 16 * 2**30, 0
+    ]  # fmt: skip
+    assert host_requests(pod("x", "n", {"nvidia.com/gpu": "1"})) == {}

@@ -65,11 +65,42 @@ def test_a_slice_asks_for_its_mig_resource_and_a_share_of_cpu():
     assert all(is_valid_label(v) for v in s["extra_labels"].values())
 
 
-def test_cpu_only_has_labels_and_no_gpu():
+def test_a_small_node_cuts_the_guarantees_to_what_it_has_left():
+    placement = Placement(CATALOG.offering("L4"), 1, "l4-small", 1_000_000)
+
+    def settings(room):
+        return gpu_pod_settings(placement, CATALOG, username="u", session_id="s",
+                                product="NVIDIA-L4", room=room)  # fmt: skip
+
+    # a g2-standard-4's allocatable: 3920m, 13621Mi; the catalog's L4 wants 4 cores, 32 GB
+    small = settings((3920, 13621 * 2**20))
+    assert (small["cpu_guarantee"], small["mem_guarantee"]) == (3.92, "13621Mi")
+    roomy = settings((64_000, 512 * 2**30))
+    assert (roomy["cpu_guarantee"], roomy["mem_guarantee"]) == (4, "32G")
+    full = settings((-100, 0))  # overcommitted by pods gputap does not place
+    assert (full["cpu_guarantee"], full["mem_guarantee"]) == (0, "0Mi")
+
+
+def test_a_slice_on_a_single_strategy_node_asks_for_what_the_node_advertises():
+    placement = Placement(CATALOG.offering("H100-80GB/1g.10gb"), 1, "h100", 1_000_000)
+    s = gpu_pod_settings(placement, CATALOG, username="u", session_id="s",
+                         product="NVIDIA-H100-80GB-HBM3-MIG-1g.10gb",
+                         resource="nvidia.com/gpu")  # fmt: skip
+    assert s["extra_resource_limits"] == {"nvidia.com/gpu": "1"}
+    assert s["node_selector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"}
+    assert s["extra_labels"]["gputap.io/slice"] == "1g.10gb"
+
+
+def test_cpu_only_asks_for_cpu_and_memory_and_sees_no_gpu():
     s = gpu_pod_settings(
         Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol", session_id="s-3"
     )
-    assert set(s) == {"extra_labels", "extra_annotations"}
+    assert set(s) == {
+        "extra_labels", "extra_annotations", "cpu_guarantee", "mem_guarantee", "environment"
+    }  # fmt: skip
+    # the catalog's cpu entry: 2 cores, 4 GB; no GPU resource, selector or toleration
+    assert (s["cpu_guarantee"], s["mem_guarantee"]) == (2, "4G")
+    assert s["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert s["extra_annotations"]["gputap.io/offering"] == "cpu"
     assert s["extra_annotations"]["gputap.io/session"] == "s-3"
 
@@ -171,7 +202,7 @@ async def test_the_placement_goes_onto_the_pod_kubespawner_built_keeping_what_is
     assert spec["priorityClassName"] == "gputap-on-demand"
 
 
-async def test_a_cpu_server_gets_only_its_labels_and_priority():
+async def test_a_cpu_server_gets_its_labels_requests_and_no_gpus():
     from spawner.kube.objects import apply_pod_settings
 
     settings = gpu_pod_settings(
@@ -179,5 +210,11 @@ async def test_a_cpu_server_gets_only_its_labels_and_priority():
     )
     before = pod_json(kubespawner_pod())
     after = pod_json(apply_pod_settings(kubespawner_pod(), settings))
+    [container], [was] = after["spec"].pop("containers"), before["spec"].pop("containers")
     assert after["spec"] == before["spec"]
+    assert container["resources"] == {"limits": {}, "requests": {"cpu": 2.0, "memory": "4G"}}
+    assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert {k: v for k, v in container.items() if k not in ("resources", "env")} == {
+        k: v for k, v in was.items() if k not in ("resources", "env")
+    }
     assert after["metadata"]["annotations"]["gputap.io/session"] == "s-3"
