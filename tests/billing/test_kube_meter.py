@@ -265,7 +265,9 @@ class Meters:
         self.api_client = client.ApiClient(client.Configuration(host=url))
         self.tasks: dict[KubeMeter, asyncio.Task] = {}
 
-    async def start(self, seen_interval_seconds=0.3, start_grace_seconds=0) -> KubeMeter:
+    async def start(
+        self, seen_interval_seconds=0.3, start_grace_seconds=0, watch_seconds=300
+    ) -> KubeMeter:
         meter = KubeMeter(
             self.store,
             self.executor,
@@ -273,6 +275,7 @@ class Meters:
             NS,
             seen_interval_seconds=seen_interval_seconds,
             start_grace_seconds=start_grace_seconds,
+            watch_seconds=watch_seconds,
         )
         self.tasks[meter] = asyncio.ensure_future(meter.run())
         await until(lambda: meter.synced)  # listed and watching
@@ -497,6 +500,20 @@ async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(
             t.started,
             t.end,
         )
+
+
+async def test_a_silent_watch_is_given_up_and_the_pods_end_still_billed(cluster, store, meters):
+    await meters.start(watch_seconds=2)
+    cluster.api.create(POD, NS, gputap_pod("quiet", "ada", "L40S", session_id="s-quiet"))
+    await until(lambda: session(store, "s-quiet"))
+    cluster.faults.silence_watches()  # the open watch too: it sends nothing more, never ends
+    cluster.api.delete(POD, NS, "quiet")
+    await until(lambda: not cluster.pods(NS))
+    t = next(iter(cluster.truth.snapshot().values()))
+    # the watch should have ended 2 s after it opened: 5 s later it is given up, and the
+    # relist finds the pod gone
+    closed = await until(lambda: (s := session(store, "s-quiet")) and s.ended_at and s, within=15)
+    assert (closed.started_at, closed.ended_at) == (t.started, t.end)
 
 
 # -- wiring ----------------------------------------------------------------------------------------
