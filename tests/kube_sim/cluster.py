@@ -19,6 +19,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import tornado.httpserver
@@ -254,6 +255,12 @@ class SimulatedCluster:
     def uncordon(self, name: str) -> Obj:
         return self.cordon(name, False)
 
+    def skew_clock(self, node: str, offset: timedelta) -> None:
+        """Run ``node``'s clock ``offset`` ahead of the API server's (behind: negative): the
+        times its kubelet writes (container starts and ends, its events) are off by that
+        much, as on a node whose NTP is broken."""
+        self.kubelet.clock_offsets[node] = offset
+
     # -- inspection ----------------------------------------------------------------------------
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
@@ -323,6 +330,9 @@ class ClusterThread:
 
     def uncordon(self, name: str) -> Obj:
         return self.call(self.cluster.uncordon, name)
+
+    def skew_clock(self, node: str, offset: timedelta) -> None:
+        return self.call(self.cluster.skew_clock, node, offset)
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
         return self.call(self.cluster.pods, namespace)
