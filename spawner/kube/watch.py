@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import ApiException
 
 from gputap_common import clock
 from gputap_common.kube_watch import SilentWatch, list_objects, watch_objects
-from gputap_common.times import parse_kube_time
+from gputap_common.times import pod_time
 
 from ..core.catalog import Catalog
 from .inventory import ClusterInventory
@@ -124,13 +124,16 @@ class ClusterWatcher:
         return on_event
 
     def _note_end(self, event: str, pod: Mapping[str, Any]) -> None:
-        """Remember when a pod's server ended: its container's finish, else its deletion."""
+        """Remember when a pod's server ended: its container's finish (on the API server's
+        clock, and never after it was seen: its node's clock may be off), else its
+        deletion."""
         meta = pod["metadata"]
         key = f"{meta.get('namespace', '')}/{meta['name']}"
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
-            if finished:
-                self.ended.setdefault(key, parse_kube_time(finished))
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            finished = pod_time(pod, terminated.get("finishedAt"))
+            if finished is not None:
+                self.ended.setdefault(key, min(finished, clock.utcnow()))
                 return
         if event == "DELETED":
             self.ended.setdefault(key, clock.utcnow())
