@@ -145,6 +145,22 @@ def test_a_pod_that_failed_without_a_container_end_is_finished_with_no_end_yet()
     assert facts.finished and facts.ended_at is None
 
 
+@pytest.mark.parametrize("minutes", [7, -7])
+def test_times_from_a_node_whose_clock_is_off_are_read_on_the_api_servers_clock(minutes):
+    def on_node(seconds: float) -> str:
+        return (t(seconds) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    state = {"terminated": {"startedAt": on_node(10), "finishedAt": on_node(70)}}
+    pod = api_pod("Succeeded", state)
+    # bound by the API server at 2 s, taken by the node's kubelet at once (its clock)
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": at(2)}
+    ]
+    pod["status"]["startTime"] = on_node(2)
+    facts = pod_facts(pod)
+    assert (facts.started_at, facts.ended_at) == (t(10), t(70))
+
+
 def test_a_container_that_never_started_reports_no_start():
     # a runtime reports the zero time for a container that failed to start
     state = {"terminated": {"startedAt": "1970-01-01T00:00:00Z", "finishedAt": at(5),
