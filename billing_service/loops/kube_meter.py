@@ -314,7 +314,8 @@ class KubeMeter:
         events = listing["items"]
         for session in gone:
             killed = killed_at(events, session)
-            ended_at = vanished_end(session, killed)
+            # a Killing event has its node's time, which may be ahead
+            ended_at = min(vanished_end(session, killed), clock.utcnow())
             record = await self._db(
                 self.store.stop_session, session.session_id, ended_at, clock.utcnow()
             )
