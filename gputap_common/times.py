@@ -1,8 +1,16 @@
-"""Times as other systems write them, read as timezone-aware datetimes."""
+"""Times as other systems write them, read as timezone-aware datetimes.
+
+A kubelet writes a pod's times (``status.startTime``, a container's ``startedAt`` and
+``finishedAt``) by its node's clock, which may be minutes off the API server's and the hub's
+when the node's NTP is broken. :func:`pod_time` reads such a time on the API server's clock,
+which is the one gputap bills by (docs/kubernetes.md, "Clocks").
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
 
 
 def parse_kube_time(value: str | None) -> datetime | None:
@@ -10,3 +18,32 @@ def parse_kube_time(value: str | None) -> datetime | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def node_clock_offset(pod: Mapping[str, Any]) -> timedelta:
+    """How far the clock of a pod's node is ahead of the API server's (behind: negative).
+
+    The API server marks a pod scheduled when it binds it (condition ``PodScheduled``, by its
+    own clock); the node's kubelet takes the pod moments later and writes ``status.startTime``
+    by the node's clock. The difference is the node's offset plus that moment (well under a
+    second on a healthy node). Zero when the pod shows neither yet."""
+    status = pod.get("status") or {}
+    taken = parse_kube_time(status.get("startTime"))
+    bound = next(
+        (
+            parse_kube_time(c.get("lastTransitionTime"))
+            for c in status.get("conditions") or []
+            if c.get("type") == "PodScheduled" and c.get("status") == "True"
+        ),
+        None,
+    )
+    if taken is None or bound is None:
+        return timedelta(0)
+    return taken - bound
+
+
+def pod_time(pod: Mapping[str, Any], value: str | None) -> datetime | None:
+    """A time the pod's kubelet wrote (a container's ``startedAt``, ``finishedAt``), on the
+    API server's clock."""
+    when = parse_kube_time(value)
+    return None if when is None else when - node_clock_offset(pod)

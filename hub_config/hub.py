@@ -16,7 +16,9 @@ from typing import Any
 import yaml
 
 from gputap_common import scopes
+from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
+from spawner.kube.watch import WATCH_SECONDS
 from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
@@ -227,12 +229,21 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+    _reflectors(c)
     # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
     classes = kube["priority_classes"]
     if classes["on_demand"]:
         c.GPUKubeSpawner.on_demand_priority_class = classes["on_demand"]
     if classes["spot"]:
         c.GPUKubeSpawner.spot_priority_class = classes["spot"]
+
+
+def _reflectors(c: Any) -> None:
+    """KubeSpawner's pod and event reflectors (how the hub sees a server start and stop) time
+    their watches out as gputap's own do: KubeSpawner's default would leave a watch whose
+    connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches")."""
+    c.ResourceReflector.timeout_seconds = WATCH_SECONDS
+    c.ResourceReflector.request_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
 
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from gputap_common.labels import (
     TERMINAL_PHASES,
     USER,
 )
-from gputap_common.times import parse_kube_time
+from gputap_common.times import parse_kube_time, pod_time
 
 from .pricing import ON_DEMAND, SERVER_PRICE_CLASSES
 
@@ -71,14 +71,16 @@ def _server_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
-def _first_start(status: Mapping[str, Any], created: datetime | None) -> datetime | None:
+def _first_start(
+    pod: Mapping[str, Any], status: Mapping[str, Any], created: datetime | None
+) -> datetime | None:
     """The earliest start the container status still shows (a restarted container keeps the
-    previous run in ``lastState``). Starts before the pod existed are the zero time a runtime
-    reports for a container that never started, not a start."""
+    previous run in ``lastState``), on the API server's clock. Starts before the pod existed
+    are the zero time a runtime reports for a container that never started, not a start."""
     starts = []
     for state in (status.get("state") or {}, status.get("lastState") or {}):
         for kind in ("running", "terminated"):
-            started = parse_kube_time((state.get(kind) or {}).get("startedAt"))
+            started = pod_time(pod, (state.get(kind) or {}).get("startedAt"))
             if started is not None and (created is None or started >= created):
                 starts.append(started)
     return min(starts, default=None)
@@ -114,11 +116,12 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         raise ValueError(f"{where} has no container named {SERVER_CONTAINER!r} to meter")
 
     status = _server_status(pod)
-    started_at = _first_start(status, parse_kube_time(meta.get("creationTimestamp")))
+    # a container's times come from its node's clock, which may be off the API server's
+    started_at = _first_start(pod, status, parse_kube_time(meta.get("creationTimestamp")))
     phase = (pod.get("status") or {}).get("phase")
     ends = []
-    finished_at = parse_kube_time(
-        ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
+    finished_at = pod_time(
+        pod, ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
     )
     if phase in TERMINAL_PHASES and finished_at is not None:
         ends.append(finished_at)

@@ -17,6 +17,8 @@ The rules, also in docs/billing.md ("Metering on Kubernetes"):
 - It ends at the container's ``finishedAt`` once the pod has ended (Succeeded or Failed), or at
   the deletion request (``deletionTimestamp - deletionGracePeriodSeconds``), whichever is first.
   A pod that is gone (DELETED) or ended without either time ends when the meter saw that.
+- A container's times come from its node's clock: they are read on the API server's clock
+  (:func:`gputap_common.times.pod_time`), and never later than when the meter saw them.
 - At start-up and at every relist, a session whose pod no longer exists is closed at the pod's
   last known end: its last ``Killing`` event, else the last time billing saw it running
   (``sessions.last_seen_at``), else its start. Billing never charges time it cannot vouch for.
@@ -187,7 +189,8 @@ class KubeMeter:
         self._waiting.pop(facts.session_id, None)
         started_at = await self._start(facts)
         if started_at is not None and ending:
-            await self._stop(facts, started_at, facts.ended_at or seen_at)
+            # never an end after the meter saw it (a node's clock may be ahead)
+            await self._stop(facts, started_at, min(facts.ended_at or seen_at, seen_at))
 
     async def _bind(self, facts: PodFacts) -> None:
         if facts.session_id not in self._bound:
@@ -209,7 +212,7 @@ class KubeMeter:
                 facts.server_name,
                 facts.sku,
                 facts.count,
-                facts.started_at,
+                min(facts.started_at, clock.utcnow()),  # never a start in the future
                 clock.utcnow(),
                 facts.price_class,
             )
@@ -311,7 +314,8 @@ class KubeMeter:
         events = listing["items"]
         for session in gone:
             killed = killed_at(events, session)
-            ended_at = vanished_end(session, killed)
+            # a Killing event has its node's time, which may be ahead
+            ended_at = min(vanished_end(session, killed), clock.utcnow())
             record = await self._db(
                 self.store.stop_session, session.session_id, ended_at, clock.utcnow()
             )

@@ -23,8 +23,8 @@ from kubespawner.clients import shared_client
 from tornado import web
 from traitlets import Unicode
 
-from gputap_common import labels
-from gputap_common.times import parse_kube_time
+from gputap_common import clock, labels
+from gputap_common.times import pod_time
 
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
@@ -77,6 +77,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _pod_settings: dict[str, Any] | None = None
     #: whether this start has asked for its pod (progress turns to the pod's events)
     _pod_requested = False
+    #: when this start asked for its pod (no second before it is billed)
+    _pod_asked_at: datetime | None = None
 
     @property
     def pod_key(self) -> str:
@@ -206,6 +208,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         )
         self._pod_settings = settings
         self._pod_requested = True
+        self._pod_asked_at = clock.utcnow()
         return await KubeSpawner.start(self)
 
     async def get_pod_manifest(self):
@@ -214,12 +217,17 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return apply_pod_settings(pod, self._pod_settings or {})
 
     async def launched_at(self) -> datetime:
-        """When the server container started running: billing starts there."""
-        pod = self.pod_reflector.pods.get(self.pod_key)
-        for status in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-            started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
-            if started:
-                return parse_kube_time(started)
+        """When the server container started running: billing starts there. Its node's
+        clock may be off, so the start is read on the API server's clock, and kept between
+        when the pod was asked for and now (docs/kubernetes.md, "Clocks")."""
+        now = clock.utcnow()
+        pod = self.pod_reflector.pods.get(self.pod_key) or {}
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            started = pod_time(
+                pod, ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            )
+            if started is not None:
+                return min(max(started, self._pod_asked_at or started), now)
         return await super().launched_at()
 
     async def stopped(self, record: ServerRecord, requested: datetime) -> datetime:

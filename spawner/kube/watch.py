@@ -3,6 +3,11 @@
 KubeSpawner's ResourceReflector keeps a dict of namespaced objects and relists on every
 reconnect; the inventory needs cluster-scoped nodes and a callback per event (each an O(1)
 update), so this module runs its own list+watch loops on KubeSpawner's shared client.
+
+Each watch lasts WATCH_SECONDS, as KubeSpawner's reflectors' do (``timeout_seconds``), so a
+watch whose connection died without closing (a NAT or load balancer that forgot it) is given
+up at most WATCH_SECONDS + ``WATCH_GRACE_SECONDS`` after it opened, and the cache relisted
+(docs/kubernetes.md, "Watches").
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from typing import Any
 from kubernetes_asyncio.client import ApiException
 
 from gputap_common import clock
-from gputap_common.kube_watch import list_objects, watch_objects
-from gputap_common.times import parse_kube_time
+from gputap_common.kube_watch import SilentWatch, list_objects, watch_objects
+from gputap_common.times import pod_time
 
 from ..core.catalog import Catalog
 from .inventory import ClusterInventory
@@ -25,6 +30,9 @@ from .inventory import ClusterInventory
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Mapping[str, Any]], None]
+
+#: how long one watch request lasts; a silent one is given up WATCH_GRACE_SECONDS later
+WATCH_SECONDS = 10
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -38,12 +46,12 @@ async def list_and_watch(
     on_event: Handler,
     on_relist: Callable[[list[Mapping[str, Any]]], None],
     ready: asyncio.Event,
-    timeout_seconds: int = 60,
+    timeout_seconds: int = WATCH_SECONDS,
 ) -> None:
     """List, hand the items to ``on_relist``, then stream events to ``on_event``; forever.
 
-    A dropped or expired watch resumes from the last resourceVersion, or relists after a
-    410 Gone or an error (backing off up to 30 s)."""
+    A dropped or expired watch resumes from the last resourceVersion; a silent one relists
+    at once, as after a 410 Gone; after an error it relists backing off up to 30 s."""
     method = getattr(api, list_method)
     resource_version: str | None = None
     delay = 0.1
@@ -63,6 +71,11 @@ async def list_and_watch(
             delay = 0.1
         except asyncio.CancelledError:
             raise
+        except SilentWatch as e:
+            # what the dead connection withheld is not known: relist at once (a connection
+            # that dies this way may be every connection of the way, while lists still pass)
+            resource_version = None
+            log.warning("watching %s: %s; relisting", list_method, e)
         except ApiException as e:
             resource_version = None  # 410 Gone: that version is too old; relist at once
             if e.status != 410:
@@ -111,13 +124,16 @@ class ClusterWatcher:
         return on_event
 
     def _note_end(self, event: str, pod: Mapping[str, Any]) -> None:
-        """Remember when a pod's server ended: its container's finish, else its deletion."""
+        """Remember when a pod's server ended: its container's finish (on the API server's
+        clock, and never after it was seen: its node's clock may be off), else its
+        deletion."""
         meta = pod["metadata"]
         key = f"{meta.get('namespace', '')}/{meta['name']}"
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt")
-            if finished:
-                self.ended.setdefault(key, parse_kube_time(finished))
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            finished = pod_time(pod, terminated.get("finishedAt"))
+            if finished is not None:
+                self.ended.setdefault(key, min(finished, clock.utcnow()))
                 return
         if event == "DELETED":
             self.ended.setdefault(key, clock.utcnow())

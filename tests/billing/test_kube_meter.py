@@ -145,6 +145,22 @@ def test_a_pod_that_failed_without_a_container_end_is_finished_with_no_end_yet()
     assert facts.finished and facts.ended_at is None
 
 
+@pytest.mark.parametrize("minutes", [7, -7])
+def test_times_from_a_node_whose_clock_is_off_are_read_on_the_api_servers_clock(minutes):
+    def on_node(seconds: float) -> str:
+        return (t(seconds) + timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    state = {"terminated": {"startedAt": on_node(10), "finishedAt": on_node(70)}}
+    pod = api_pod("Succeeded", state)
+    # bound by the API server at 2 s, taken by the node's kubelet at once (its clock)
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": at(2)}
+    ]
+    pod["status"]["startTime"] = on_node(2)
+    facts = pod_facts(pod)
+    assert (facts.started_at, facts.ended_at) == (t(10), t(70))
+
+
 def test_a_container_that_never_started_reports_no_start():
     # a runtime reports the zero time for a container that failed to start
     state = {"terminated": {"startedAt": "1970-01-01T00:00:00Z", "finishedAt": at(5),
@@ -267,7 +283,9 @@ class Meters:
         )
         self.tasks: dict[KubeMeter, asyncio.Task] = {}
 
-    async def start(self, seen_interval_seconds=0.3, start_grace_seconds=0) -> KubeMeter:
+    async def start(
+        self, seen_interval_seconds=0.3, start_grace_seconds=0, watch_seconds=300
+    ) -> KubeMeter:
         meter = KubeMeter(
             self.store,
             self.executor,
@@ -275,6 +293,7 @@ class Meters:
             NS,
             seen_interval_seconds=seen_interval_seconds,
             start_grace_seconds=start_grace_seconds,
+            watch_seconds=watch_seconds,
         )
         self.tasks[meter] = asyncio.ensure_future(meter.run())
         await until(lambda: meter.synced)  # listed and watching
@@ -499,6 +518,20 @@ async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(
             t.started,
             t.end,
         )
+
+
+async def test_a_silent_watch_is_given_up_and_the_pods_end_still_billed(cluster, store, meters):
+    await meters.start(watch_seconds=2)
+    cluster.api.create(POD, NS, gputap_pod("quiet", "ada", "L40S", session_id="s-quiet"))
+    await until(lambda: session(store, "s-quiet"))
+    cluster.faults.silence_watches()  # the open watch too: it sends nothing more, never ends
+    cluster.api.delete(POD, NS, "quiet")
+    await until(lambda: not cluster.pods(NS))
+    t = next(iter(cluster.truth.snapshot().values()))
+    # the watch should have ended 2 s after it opened: 5 s later it is given up, and the
+    # relist finds the pod gone
+    closed = await until(lambda: (s := session(store, "s-quiet")) and s.ended_at and s, within=15)
+    assert (closed.started_at, closed.ended_at) == (t.started, t.end)
 
 
 # -- wiring ----------------------------------------------------------------------------------------

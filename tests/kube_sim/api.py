@@ -11,6 +11,7 @@ import base64
 import copy
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .store import ApiError, Obj, Store, invalid, not_found, rfc3339, utcnow
@@ -443,11 +444,13 @@ class Api:
         type_: str = "Normal",
         component: str = "default-scheduler",
         host: str = "",
+        at: datetime | None = None,
     ) -> Obj:
-        """Create a core/v1 Event about an object, as a controller would."""
+        """Create a core/v1 Event about an object, as a controller would; its times are
+        ``at`` on the reporter's clock (a kubelet's is its node's), else the server's."""
         meta = involved["metadata"]
         namespace = meta.get("namespace") or "default"
-        now = rfc3339(self.store.clock())
+        now = rfc3339(at or self.store.clock())
         event = {
             "metadata": {
                 "name": f"{meta['name']}.{secrets.token_hex(8)}",

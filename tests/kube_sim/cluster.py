@@ -20,7 +20,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -475,6 +475,12 @@ class SimulatedCluster:
     def uncordon(self, name: str) -> Obj:
         return self.cordon(name, False)
 
+    def skew_clock(self, node: str, offset: timedelta) -> None:
+        """Run ``node``'s clock ``offset`` ahead of the API server's (behind: negative): the
+        times its kubelet writes (container starts and ends, its events) are off by that
+        much, as on a node whose NTP is broken."""
+        self.kubelet.clock_offsets[node] = offset
+
     # -- inspection ----------------------------------------------------------------------------
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
@@ -575,6 +581,9 @@ class ClusterThread:
 
     def uncordon(self, name: str) -> Obj:
         return self.call(self.cluster.uncordon, name)
+
+    def skew_clock(self, node: str, offset: timedelta) -> None:
+        return self.call(self.cluster.skew_clock, node, offset)
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
         return self.call(self.cluster.pods, namespace)

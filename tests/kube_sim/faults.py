@@ -1,5 +1,5 @@
-"""Faults a test can inject into the simulated cluster: 5xx answers, dropped watches, watch
-events delivered twice, slow binds.
+"""Faults a test can inject into the simulated cluster: 5xx answers, dropped watches, watches
+and requests that go silent, watch events delivered twice, slow binds.
 
 All randomness comes from one seeded RNG, so a run with the same seed and the same sequence of
 requests fails the same requests. Thread-safe: the thread form of the cluster lets a test change
@@ -45,6 +45,7 @@ class Faults:
 
     >>> cluster.faults.fail_requests(0.3, code=500, verbs=["GET"], path=r"/pods")
     >>> cluster.faults.drop_watches(after_events=3)
+    >>> cluster.faults.silence_watches(after_events=1, requests=True)
     >>> cluster.faults.duplicate_watch_events()
     >>> cluster.faults.bind_delay = 2.0
     """
@@ -54,6 +55,9 @@ class Faults:
     watch_max_events: int | None = None  # close each watch stream after this many events
     watch_max_seconds: float | None = None  # ... or after this many seconds
     watch_duplicates: bool = False  # send every watch event twice in a row
+    silence_after_events: int | None = None  # a watch goes silent after this many events
+    silence_after_seconds: float | None = None  # ... or after this many seconds
+    silence_requests: bool = False  # plain requests get no answer at all
     rules: list[ErrorRule] = field(default_factory=list)
     injected: int = 0  # how many requests were answered with an injected error
     duplicated: int = 0  # how many watch events were sent a second time
@@ -91,6 +95,32 @@ class Faults:
         self.watch_max_events = after_events
         self.watch_max_seconds = after_seconds
 
+    def silence_watches(
+        self,
+        after_events: int | None = None,
+        after_seconds: float | None = None,
+        requests: bool = False,
+    ) -> None:
+        """Let every watch stream go silent after N events or T seconds (whichever comes
+        first; neither given: at once), streams already open included: the connection stays
+        open, nothing more is sent and nothing closes, as when a NAT or load balancer between
+        client and server forgot the connection without a reset. With ``requests`` every
+        plain request is left unanswered too. Only the client giving up ends such a request
+        (or the server shutting down); :meth:`clear` lets new requests through again."""
+        if after_events is None and after_seconds is None:
+            after_events = 0
+        self.silence_after_events = after_events
+        self.silence_after_seconds = after_seconds
+        self.silence_requests = requests
+
+    def watch_silent(self, sent: int, elapsed: float) -> bool:
+        """Whether a watch stream that has sent ``sent`` events over ``elapsed`` seconds has
+        gone silent."""
+        events, seconds = self.silence_after_events, self.silence_after_seconds
+        return (events is not None and sent >= events) or (
+            seconds is not None and elapsed >= seconds
+        )
+
     def duplicate_watch_events(self, enabled: bool = True) -> None:
         """Send every watch event twice in a row, as an at-least-once delivery would: a
         watcher must apply each event idempotently."""
@@ -113,6 +143,9 @@ class Faults:
         self.watch_max_events = None
         self.watch_max_seconds = None
         self.watch_duplicates = False
+        self.silence_after_events = None
+        self.silence_after_seconds = None
+        self.silence_requests = False
 
     def decide(self, verb: str, path: str, is_watch: bool = False) -> int | None:
         """The status code to fail this request with, or None to serve it."""

@@ -4,6 +4,10 @@ One kubelet serves every node. It reports the pod lifecycle the way a real kubel
 (ContainerCreating, Running with startedAt, Succeeded/Failed with a terminated state, restarts
 under restartPolicy), emits the usual events, captures output for the log endpoint, and on
 deletion sends SIGTERM, waits out the grace period (capped), sends SIGKILL and removes the pod.
+
+The times it writes (status.startTime, a container's startedAt and finishedAt, its events)
+come from the node's clock, as a real kubelet's do: a node may run ahead of or behind the API
+server (``clock_offsets``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from .api import CONFIGMAP, NODE, POD, SECRET, TERMINAL_PHASES, Api, set_condition
 from .gpus import DevicePlugin, image_env
@@ -106,6 +111,12 @@ class Kubelet:
         self._task: asyncio.Task | None = None
         self._unsubscribe = None
         self._ips = 0
+        #: node name -> how far its clock is ahead of the API server's (behind: negative)
+        self.clock_offsets: dict[str, timedelta] = {}
+
+    def node_now(self, node: str) -> datetime:
+        """The time on ``node``'s clock."""
+        return utcnow() + self.clock_offsets.get(node, timedelta())
 
     def _next_ip(self) -> str:
         """Each pod its own loopback address (127.1.0.1, 127.1.0.2, ...), as pods have their
@@ -237,8 +248,9 @@ class Kubelet:
 
     def _event(self, pod: Obj | None, reason: str, message: str, type_: str = "Normal") -> None:
         if pod is not None:
+            node = pod["spec"]["nodeName"]
             self.api.record_event(
-                pod, reason, message, type_, component="kubelet", host=pod["spec"]["nodeName"]
+                pod, reason, message, type_, "kubelet", node, at=self.node_now(node)
             )
 
     def _container_status(
@@ -266,7 +278,7 @@ class Kubelet:
             return
         container = pod["spec"]["containers"][0]
         node = pod["spec"]["nodeName"]
-        now = rfc3339(utcnow())
+        now = rfc3339(self.node_now(node))
 
         def creating(p: Obj) -> None:
             s = p["status"]
@@ -331,10 +343,10 @@ class Kubelet:
                 )
             except OSError as e:
                 message = f"failed to start container: exec: {argv[0]}: {e.strerror}"
-                code, started = 128, rfc3339(utcnow())
+                code, started = 128, rfc3339(self.node_now(node))
                 self._event(pod, "Failed", f"Error: {message}", "Warning")
             else:
-                started = rfc3339(utcnow())
+                started = rfc3339(self.node_now(node))
                 run.started_at = started
                 reader = asyncio.create_task(self._capture(run))
                 log.info(
@@ -355,7 +367,7 @@ class Kubelet:
                 "exitCode": code,
                 "reason": "Completed" if code == 0 else ("Error" if not message else "StartError"),
                 "startedAt": started,
-                "finishedAt": rfc3339(utcnow()),
+                "finishedAt": rfc3339(self.node_now(node)),
                 "containerID": f"containerd://{run.uid[:8]}",
             }
             if message:
@@ -501,6 +513,7 @@ class Kubelet:
             f"Stopping container {pod['spec']['containers'][0]['name']}",
             component="kubelet",
             host=pod["spec"]["nodeName"],
+            at=self.node_now(pod["spec"]["nodeName"]),
         )
         await self._stop(run, grace)
         log.info("%s/%s stopped", run.namespace, run.name)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +64,11 @@ class BaseHandler(tornado.web.RequestHandler):
     def check_xsrf_cookie(self) -> None:  # the API server has no cookies
         pass
 
-    def prepare(self) -> None:
+    #: what a silent request waits on: None once the client or the server closes
+    _silence: asyncio.Queue | None = None
+    _client_gone = False
+
+    async def prepare(self) -> None:
         # authentication and authorization come first, before the path is even known to exist
         query = {k: v[0].decode() for k, v in self.request.query_arguments.items() if v}
         refusal = self.rbac.check(
@@ -77,10 +82,34 @@ class BaseHandler(tornado.web.RequestHandler):
             self.send_json(body, code)
             return
         is_watch = self.get_query_argument("watch", "").lower() in ("1", "true")
+        if self.faults.silence_requests and not is_watch:
+            await self.stay_silent(asyncio.Queue())
+            raise tornado.web.Finish()
         code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch)
         if code is not None:
             log.info("injected %d for %s %s", code, self.request.method, self.request.path)
             self.send_json(self.faults.status_body(code), code)
+
+    async def stay_silent(self, queue: asyncio.Queue) -> None:
+        """Send nothing and close nothing, as a connection through a NAT or load balancer
+        that forgot it: until the client gives up (or the server shuts down). ``queue``
+        receives what happens meanwhile (a watch's events, dropped) and None at the end."""
+        log.info("%s %s goes silent", self.request.method, self.request.path)
+        self._silence = queue
+        watchers: set = self.application.settings["kube_watchers"]
+        watchers.add(queue)
+        try:
+            while not self._client_gone and await queue.get() is not None:
+                pass
+        finally:
+            watchers.discard(queue)
+        self.request.connection.close()
+
+    def on_connection_close(self) -> None:
+        # a silent request never writes, so only this tells it that the client gave up
+        self._client_gone = True
+        if self._silence is not None:
+            self._silence.put_nowait(None)
 
     def send_json(self, body: Any, code: int = 200) -> None:
         self.set_status(code)
@@ -437,27 +466,31 @@ class ResourceHandler(BaseHandler):
             self.set_status(200)
             self.set_header("Content-Type", "application/json")
             self.set_header("Transfer-Encoding", "chunked")
-            sent = 0
-            for type_, obj in backlog:
-                if max_events is not None and sent >= max_events:
-                    break
+            await self.flush()
+            self._silence = queue  # a client closing the stream ends the wait for events
+            pending, sent, opened = deque(backlog), 0, time.monotonic()
+            while max_events is None or sent < max_events:
+                if pending:
+                    type_, obj = pending.popleft()
+                else:
+                    remaining = deadline - time.monotonic()
+                    try:
+                        event = await asyncio.wait_for(queue.get(), max(remaining, 0))
+                    except TimeoutError:
+                        event = None  # the watch's time is up
+                    if event is None:  # ... or the server is shutting down, or the client left
+                        if self.faults.watch_silent(sent, time.monotonic() - opened):
+                            await self.stay_silent(queue)  # not even the end is sent
+                            return
+                        break
+                    if not wanted(event):
+                        continue
+                    type_, obj = event.type, event.obj
+                if self.faults.watch_silent(sent, time.monotonic() - opened):
+                    await self.stay_silent(queue)
+                    return
                 await self._send_event(type_, obj)
                 sent += 1
-            else:
-                await self.flush()
-                while max_events is None or sent < max_events:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    try:
-                        event = await asyncio.wait_for(queue.get(), remaining)
-                    except TimeoutError:
-                        break
-                    if event is None:  # the server is shutting down
-                        break
-                    if wanted(event):
-                        await self._send_event(event.type, event.obj)
-                        sent += 1
             self.finish()
         except StreamClosedError:
             pass

@@ -1,12 +1,16 @@
-"""Injected faults: 5xx answers with Status bodies, dropped and duplicated watches, slow binds."""
+"""Injected faults: 5xx answers with Status bodies, dropped, silent and duplicated watches,
+unanswered requests, slow binds."""
 
 import json
+import socket
 import time
+from urllib.parse import urlparse
 
 import kubernetes.client
 import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
+from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 
 from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import pod_body, wait_for
@@ -102,3 +106,62 @@ def test_slow_binds_delay_scheduling(cluster, v1):
     v1.create_namespaced_pod("default", pod_body("slow"))
     wait_for(lambda: v1.read_namespaced_pod("slow", "default").spec.node_name)
     assert time.monotonic() - t0 >= 0.6
+
+
+def test_a_silent_watch_sends_nothing_more_and_never_ends(cluster, v1):
+    cluster.faults.silence_watches(after_events=2)
+    start = v1.list_namespaced_config_map("default").metadata.resource_version
+    for i in range(3):
+        v1.create_namespaced_config_map("default", {"metadata": {"name": f"quiet-{i}"}})
+    seen = []
+    t0 = time.monotonic()
+    # the watch asks to end after 1 s, but that end is never sent either: only the
+    # client's own read timeout (2 s) gets it out
+    with pytest.raises(ReadTimeoutError):
+        for event in watch.Watch().stream(
+            v1.list_namespaced_config_map,
+            "default",
+            resource_version=start,
+            timeout_seconds=1,
+            _request_timeout=2,
+        ):
+            seen.append(event["object"].metadata.name)
+    assert seen == ["quiet-0", "quiet-1"]
+    assert time.monotonic() - t0 >= 2
+    cluster.faults.clear()
+    again = watch.Watch().stream(
+        v1.list_namespaced_config_map, "default", resource_version=start, timeout_seconds=1
+    )
+    assert [e["object"].metadata.name for e in again] == ["quiet-0", "quiet-1", "quiet-2"]
+
+
+def test_a_watch_already_open_goes_silent_and_its_connection_stays_open(cluster, v1):
+    start = v1.list_namespaced_config_map("default").metadata.resource_version
+    url = urlparse(cluster.url)
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        sock.sendall(
+            f"GET /api/v1/namespaces/default/configmaps?watch=true&resourceVersion={start}"
+            f"&timeoutSeconds=1 HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+        )
+        v1.create_namespaced_config_map("default", {"metadata": {"name": "heard"}})
+        received = b""
+        while b"heard" not in received:
+            received += sock.recv(65536)
+        cluster.faults.silence_watches()
+        v1.create_namespaced_config_map("default", {"metadata": {"name": "unheard"}})
+        sock.settimeout(2)  # past the watch's timeoutSeconds: a live watch would have ended
+        with pytest.raises(TimeoutError):  # no data, and no end of stream (b"") either
+            received += sock.recv(65536)
+        assert b"unheard" not in received
+
+
+def test_silent_requests_get_no_answer_until_the_fault_is_cleared(cluster, v1):
+    cluster.faults.silence_watches(requests=True)
+    t0 = time.monotonic()
+    # the client retries a read that timed out (3 times), each time on a new connection
+    with pytest.raises(MaxRetryError) as failed:
+        v1.list_namespaced_config_map("default", _request_timeout=1)
+    assert isinstance(failed.value.reason, ReadTimeoutError)
+    assert time.monotonic() - t0 >= 4
+    cluster.faults.clear()
+    assert v1.list_namespaced_config_map("default", _request_timeout=5).kind == "ConfigMapList"

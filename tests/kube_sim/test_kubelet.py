@@ -123,3 +123,31 @@ def test_missing_secret_leaves_the_container_waiting(core, ns):
         )
     )
     assert waiting is not None
+
+
+@pytest.mark.parametrize("minutes", [7, -7])
+def test_a_node_clock_ahead_or_behind_skews_what_its_kubelet_writes(kube, core, ns, minutes):
+    name = f"cpu-skewed{'-ahead' if minutes > 0 else '-behind'}"
+    kube.add_node(name)
+    kube.skew_clock(name, timedelta(minutes=minutes))
+    body = pod_body(
+        "skewed",
+        command=[PY, "-c", "import time; time.sleep(0.5)"],
+        restartPolicy="Never",
+        nodeSelector={"kubernetes.io/hostname": name},
+    )
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "skewed") == "Succeeded")
+    pod = core.read_namespaced_pod("skewed", ns)
+    created = pod.metadata.creation_timestamp  # the API server's clock
+
+    def off(when):
+        return (when - created).total_seconds() / 60
+
+    terminated = pod.status.container_statuses[0].state.terminated
+    assert round(off(terminated.started_at)) == minutes
+    assert round(off(terminated.finished_at)) == minutes
+    assert round(off(pod.status.start_time)) == minutes
+    events = {e.reason: e for e in core.list_namespaced_event(ns).items}
+    assert round(off(events["Started"].last_timestamp)) == minutes  # the kubelet's
+    assert round(off(events["Scheduled"].last_timestamp)) == 0  # the scheduler's
