@@ -68,7 +68,13 @@ async def _ip_async(*args: str, stdin: str | None = None) -> str:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await proc.communicate(stdin.encode() if stdin else None)
+    try:
+        out, err = await proc.communicate(stdin.encode() if stdin else None)
+    except asyncio.CancelledError:
+        # a pod deleted while its namespace is being made: let `ip` finish, so that what it
+        # makes exists when the kubelet then removes it
+        await proc.wait()
+        raise
     if proc.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {err.decode().strip()}")
     return out.decode()
@@ -162,8 +168,8 @@ class PodNetwork:
     """One cluster's bridge and subnet, and a network namespace per pod."""
 
     def __init__(self) -> None:
-        self.tag = f"{os.getpid():x}.{next(_clusters):x}"
-        self.bridge = f"ksb{self.tag}"
+        self._n = next(_clusters)
+        self.bridge = f"ksb{os.getpid():x}.{self._n:x}"
         self.subnet: ipaddress.IPv4Network | None = None
         self.host_ip = ""
         self._in_use: set[str] = set()
@@ -180,7 +186,10 @@ class PodNetwork:
             removed = sweep_stale()
             if removed:
                 log.info("removed what killed runs left: %s", ", ".join(removed))
-            self.subnet = free_subnet(_used_networks(), os.getpid() * 7 + next(_clusters))
+            # each cluster starts looking at a subnet of its own, so that parallel workers
+            # seldom try the same ones
+            start = os.getpid() * 7 + self._n
+            self.subnet = free_subnet(_used_networks(), start)
             self.host_ip = str(self.subnet.network_address + 1)
             _live.add(self.bridge)
             _ip("link", "add", self.bridge, "type", "bridge")
@@ -243,6 +252,7 @@ class PodNetwork:
             return
         with contextlib.suppress(NetworkError):
             _kill_all(await _ip_async("netns", "pids", names[0]))
+        with contextlib.suppress(NetworkError):
             await _ip_async("netns", "delete", names[0])
         _live.difference_update(names)
 
