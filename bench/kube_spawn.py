@@ -70,7 +70,11 @@ def platform_for(root: Path, cluster, config: Path) -> Platform:
             "spawner": {
                 "backend": "kubernetes",
                 "start_timeout": 300,
-                "kubernetes": {"namespace": "gputap", "cmd": [sys.executable, "-c", SERVER]},
+                "kubernetes": {
+                    "namespace": "gputap",
+                    "hub_ip": cluster.host_ip,  # pods reach the host here, not at 127.0.0.1
+                    "cmd": [sys.executable, "-c", SERVER],
+                },
             },
         },
         env={"KUBECONFIG": kubeconfig},

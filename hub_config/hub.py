@@ -6,6 +6,7 @@ serves `make demo`, the tests and (later) the Helm chart's hub image.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
@@ -174,6 +175,7 @@ def apply(c: Any, settings: Settings) -> None:
         _local_backend(c, spawner)
     else:
         _kubernetes_backend(c, spawner["kubernetes"])
+        _hub_for_pods(c, spawner["kubernetes"], hub["hub_port"])
     _hub_pages(c, hub, base_url)
 
     _services(c, settings, hub_token)
@@ -244,6 +246,42 @@ def _reflectors(c: Any) -> None:
     connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches")."""
     c.ResourceReflector.timeout_seconds = WATCH_SECONDS
     c.ResourceReflector.request_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
+
+
+def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
+    """Where the hub listens when it runs on a machine of its own and spawns pods: at an
+    address pods reach (``spawner.kubernetes.hub_ip``), never loopback only. A pod has its own
+    network namespace, whose 127.0.0.1 is the pod itself (docs/kubernetes.md, "How servers
+    reach the hub"); servers are told http://HUB_IP:HUB_PORT, or ``hub_connect_url``."""
+    where = "spawner.kubernetes.hub_ip"
+    hint = (
+        "an IP address of this machine that the pods reach, such as the node's InternalIP or "
+        "the pod network's gateway on it (k3s: 10.42.0.1), or 0.0.0.0 with "
+        "spawner.kubernetes.hub_connect_url"
+    )
+    if not kube["hub_ip"]:
+        raise SettingsError(
+            f"{where} is empty: servers' pods have their own network and cannot reach a hub on "
+            f"127.0.0.1; set it to {hint}"
+        )
+    try:
+        address = ipaddress.ip_address(kube["hub_ip"])
+    except ValueError:
+        raise SettingsError(
+            f"{where} {kube['hub_ip']!r} is not an IP address; set it to {hint}"
+        ) from None
+    if address.is_loopback:
+        raise SettingsError(
+            f"{where} {address} is a loopback address, which in a pod is the pod itself; "
+            f"set it to {hint}"
+        )
+    if address.is_unspecified and not kube["hub_connect_url"]:
+        raise SettingsError(
+            f"{where} {address} listens on every address but names none a pod can dial "
+            "(JupyterHub would tell servers this machine's hostname); set "
+            f"spawner.kubernetes.hub_connect_url too, e.g. http://10.42.0.1:{hub_port}"
+        )
+    c.JupyterHub.hub_ip = str(address)
 
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:

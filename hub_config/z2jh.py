@@ -7,8 +7,10 @@
 after z2jh's own ``jupyterhub_config.py``. ``custom.gputap`` holds the same settings as one
 machine's settings file (``hub_config/defaults.yaml``), read by the same loader and checks
 (``GPUTAP__SECTION__KEY`` variables, e.g. a secret from ``hub.extraEnv``, still override).
-z2jh keeps what it owns in the pod: the hub's and proxy's addresses, the database, the cookie
-secret, ``base_url`` and ``hub_connect_url``; gputap sets its spawner, login and hub pages.
+z2jh keeps what it owns in the pod: the hub's and proxy's addresses (the hub listens on
+0.0.0.0:8081, servers reach it at its Service), the database, the cookie secret, ``base_url``
+and ``hub_connect_url`` (unless ``spawner.kubernetes.hub_connect_url`` names another); gputap
+sets its spawner, login and hub pages.
 """
 
 from __future__ import annotations
@@ -125,6 +127,14 @@ def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) ->
         raise SettingsError(
             f"{ORIGIN}: spawner.backend is {settings.spawner['backend']!r}; the Helm chart runs "
             "servers on Kubernetes, so set spawner.backend: kubernetes (or leave it out)"
+        )
+    if settings.spawner["kubernetes"]["hub_ip"]:
+        # z2jh binds the hub (hub_bind_url http://:8081, which wins over hub_ip) and tells
+        # servers its Service (hub_connect_url http://hub:8081): a hub_ip here would do nothing
+        raise SettingsError(
+            f"{ORIGIN}: spawner.kubernetes.hub_ip is for a hub on a machine of its own; under "
+            "the Helm chart the hub listens on 0.0.0.0:8081 and pods reach it at its Service, "
+            "so leave hub_ip out"
         )
     return settings
 

@@ -136,6 +136,8 @@ def platform(cluster, tmp_path_factory):
                 "start_timeout": 60,
                 "kubernetes": {
                     "namespace": NAMESPACE,
+                    # pods reach the host at the pod network's gateway, not its loopback
+                    "hub_ip": cluster.host_ip,
                     "cmd": [SINGLEUSER],
                     "args": ["--allow-root"],
                     "environment": {

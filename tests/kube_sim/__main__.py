@@ -45,7 +45,10 @@ async def serve(args: argparse.Namespace, spec: dict | list) -> None:
     add_nodes(cluster, spec)
     if args.kubeconfig:
         cluster.write_kubeconfig(args.kubeconfig)
-    print(f"simulated cluster at {cluster.url}", flush=True)
+    # a hub for these pods listens at the pods' gateway (spawner.kubernetes.hub_ip)
+    print(
+        f"simulated cluster at {cluster.url}; pods reach this host at {cluster.host_ip}", flush=True
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,4 +1,5 @@
-"""SimulatedCluster: the API server, scheduler and kubelet together, on a free 127.0.0.1 port.
+"""SimulatedCluster: the API server, scheduler, kubelet and pod network together, the API on a
+free 127.0.0.1 port (and on the pod network's host address, where pods reach it).
 
 async with SimulatedCluster() as cluster:          # inside the current event loop
     cluster.gpu_node("gpu-1")
@@ -31,6 +32,7 @@ from .api import EVENT, NODE, POD, Api
 from .faults import Faults
 from .kubelet import Kubelet
 from .rbac import AuditRecord, Rbac
+from .netns import PodNetwork
 from .scheduler import Scheduler
 from .server import end_watches, make_app
 from .store import Obj, Store
@@ -331,18 +333,27 @@ class SimulatedCluster:
         self._event_interval = event_interval
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
+        self.network = PodNetwork()
         self._server: tornado.httpserver.HTTPServer | None = None
         self._app = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> SimulatedCluster:
-        """Listen on 127.0.0.1 and start the scheduler and kubelet; returns self."""
+        """Bring the pod network up, listen on 127.0.0.1 and on the network's host address
+        (pods' KUBERNETES_SERVICE_HOST), start the scheduler and kubelet; returns self."""
+        self.network.start()
         sockets = bind_sockets(self.port, "127.0.0.1")
         self.port = sockets[0].getsockname()[1]
+        sockets += bind_sockets(self.port, self.network.host_ip)
         self.url = f"http://127.0.0.1:{self.port}"
         self.kubelet = Kubelet(
-            self.api, self.url, self._image_pull_delay, self._max_grace, self._crash_backoff
+            self.api,
+            self.network,
+            f"http://{self.network.host_ip}:{self.port}",
+            self._image_pull_delay,
+            self._max_grace,
+            self._crash_backoff,
         )
         self.scheduler = Scheduler(
             self.api, self.faults, self._scheduler_interval, self._event_interval
@@ -367,6 +378,7 @@ class SimulatedCluster:
             await self.scheduler.stop()
         if self.kubelet:
             await self.kubelet.stop()
+        self.network.stop()
         self._server = None
 
     async def __aenter__(self) -> SimulatedCluster:
@@ -379,6 +391,12 @@ class SimulatedCluster:
     def run_in_thread(cls, **kwargs: Any) -> ClusterThread:
         """Start a cluster in a background thread with its own event loop."""
         return ClusterThread(cls(**kwargs))
+
+    @property
+    def host_ip(self) -> str:
+        """The nodes' address on the pod network: where pods reach a server on the host (a hub
+        listening here is what a hub behind its Service is to real pods)."""
+        return self.network.host_ip
 
     # -- nodes ---------------------------------------------------------------------------------
 
@@ -417,7 +435,7 @@ class SimulatedCluster:
                 "allocatable": alloc,
                 "conditions": [condition],
                 "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
+                    {"type": "InternalIP", "address": self.network.host_ip},
                     {"type": "Hostname", "address": name},
                 ],
                 "nodeInfo": {
@@ -552,6 +570,7 @@ class ClusterThread:
         self._thread.start()
         self._await(cluster.start())
         self.url = cluster.url
+        self.host_ip = cluster.host_ip
 
     def _await(self, coro: Any, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)

@@ -8,6 +8,9 @@ deletion sends SIGTERM, waits out the grace period (capped), sends SIGKILL and r
 The times it writes (status.startTime, a container's startedAt and finishedAt, its events)
 come from the node's clock, as a real kubelet's do: a node may run ahead of or behind the API
 server (``clock_offsets``).
+
+Each pod's process runs in the pod's own network namespace (netns.py), behind the command
+prefix :meth:`Kubelet._launch_prefix` builds.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -27,6 +32,7 @@ from datetime import datetime, timedelta
 
 from .api import CONFIGMAP, NODE, POD, SECRET, TERMINAL_PHASES, Api, set_condition
 from .gpus import DevicePlugin, image_env
+from .netns import NetworkError, PodNetwork
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
 
 log = logging.getLogger("kube_sim.kubelet")
@@ -54,14 +60,15 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 def _field_ref(pod: Obj, path: str) -> str:
     meta = pod["metadata"]
+    status = pod.get("status") or {}
     simple = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
         "metadata.uid": meta.get("uid", ""),
         "spec.nodeName": pod["spec"].get("nodeName", ""),
         "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-        "status.podIP": (pod.get("status") or {}).get("podIP") or "127.0.0.1",
-        "status.hostIP": "127.0.0.1",
+        "status.podIP": status.get("podIP", ""),
+        "status.hostIP": status.get("hostIP", ""),
     }
     if path in simple:
         return simple[path]
@@ -82,7 +89,8 @@ class PodRun:
     task: asyncio.Task | None = None
     terminating: bool = False
     started_at: str = ""
-    pod_ip: str = "127.0.0.1"
+    pod_ip: str = ""
+    netns: str = ""  # the pod's network namespace, while it has one
 
 
 class Kubelet:
@@ -91,6 +99,7 @@ class Kubelet:
     def __init__(
         self,
         api: Api,
+        network: PodNetwork,
         api_url: str = "",
         image_pull_delay: float = 0.0,
         max_grace_seconds: float = 5.0,
@@ -98,6 +107,7 @@ class Kubelet:
         root_dir: str | None = None,
     ):
         self.api = api
+        self.network = network
         self.api_url = api_url
         self.image_pull_delay = image_pull_delay
         self.max_grace_seconds = max_grace_seconds
@@ -110,19 +120,12 @@ class Kubelet:
         self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._unsubscribe = None
-        self._ips = 0
         #: node name -> how far its clock is ahead of the API server's (behind: negative)
         self.clock_offsets: dict[str, timedelta] = {}
 
     def node_now(self, node: str) -> datetime:
         """The time on ``node``'s clock."""
         return utcnow() + self.clock_offsets.get(node, timedelta())
-
-    def _next_ip(self) -> str:
-        """Each pod its own loopback address (127.1.0.1, 127.1.0.2, ...), as pods have their
-        own IPs; Linux routes all of 127.0.0.0/8 to the loopback device."""
-        self._ips += 1
-        return f"127.1.{self._ips // 250 % 250}.{self._ips % 250 + 1}"
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class Kubelet:
                 run.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run.task
+            await self._release(run)
         if self._tmp:
             self._tmp.cleanup()
 
@@ -188,7 +192,9 @@ class Kubelet:
             meta = current["metadata"]
             workdir = os.path.join(self.root_dir, meta["namespace"], meta["name"])
             os.makedirs(workdir, exist_ok=True)
-            run = PodRun(meta["namespace"], meta["name"], uid, workdir, pod_ip=self._next_ip())
+            run = PodRun(
+                meta["namespace"], meta["name"], uid, workdir, pod_ip=self.network.allocate()
+            )
             self.runs[uid] = run
             self._logs[(run.namespace, run.name)] = run
             run.task = asyncio.create_task(self._pod_lifecycle(run))
@@ -278,13 +284,20 @@ class Kubelet:
             return
         container = pod["spec"]["containers"][0]
         node = pod["spec"]["nodeName"]
+        try:
+            run.netns = await self.network.add_pod(run.pod_ip)
+        except NetworkError as e:
+            # the kubelet's words when the CNI plugin fails; the pod stays ContainerCreating
+            self._event(pod, "FailedCreatePodSandBox", f"Failed to create pod sandbox: {e}")
+            log.error("%s/%s: no pod network: %s", run.namespace, run.name, e)
+            return
         now = rfc3339(self.node_now(node))
 
         def creating(p: Obj) -> None:
             s = p["status"]
             s.update(
-                hostIP="127.0.0.1",
-                hostIPs=[{"ip": "127.0.0.1"}],
+                hostIP=self.network.host_ip,
+                hostIPs=[{"ip": self.network.host_ip}],
                 podIP=run.pod_ip,
                 podIPs=[{"ip": run.pod_ip}],
                 startTime=now,
@@ -332,7 +345,11 @@ class Kubelet:
                 continue
             self._event(pod, "Created", f"Created container {container['name']}")
             try:
+                if shutil.which(argv[0], path=env["PATH"]) is None:
+                    # checked here: behind the launch prefix, exec fails in nsenter instead
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
                 run.proc = await asyncio.create_subprocess_exec(
+                    *self._launch_prefix(run),
                     *argv,
                     env=env,
                     cwd=cwd,
@@ -386,6 +403,8 @@ class Kubelet:
                     phase,
                     reason="PodCompleted",
                 )
+                # a finished pod's sandbox goes; its status keeps the podIP it had
+                await self._release(run)
                 return
             restarts += 1
             last_state = {"terminated": terminated}
@@ -439,10 +458,6 @@ class Kubelet:
         for item in container.get("env") or []:
             env[item["name"]] = self._env_value(pod, item, env)
         env = self._gpu_env(pod, container, env)
-        # in its own network namespace a process listening on every address (0.0.0.0) is
-        # reached at the pod's IP; here the pods share one, so they listen on their pod IP
-        pod_ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"
-        env = {k: v.replace("0.0.0.0", pod_ip) for k, v in env.items()}
         command = [expand(a, env) for a in container.get("command") or []]
         args = [expand(a, env) for a in container.get("args") or []]
         argv = (command + args) if command else (IDLE_COMMAND if not args else args)
@@ -459,6 +474,10 @@ class Kubelet:
         env = {**image_env(container.get("image") or ""), **plugin, **env}
         self.devices.expose(node, pod, env)
         return env
+
+    def _launch_prefix(self, run: PodRun) -> list[str]:
+        """What the container's command runs behind: into the pod's network namespace."""
+        return self.network.exec_prefix(run.netns)
 
     def _env_value(self, pod: Obj, item: Obj, env: dict[str, str]) -> str:
         if "valueFrom" not in item:
@@ -505,6 +524,13 @@ class Kubelet:
             run.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await run.task
+        await self._release(run)
+
+    async def _release(self, run: PodRun) -> None:
+        """Tear down the pod's network namespace once nothing runs in it; idempotent."""
+        if run.pod_ip:
+            ip, run.pod_ip, run.netns = run.pod_ip, "", ""
+            await self.network.remove_pod(ip)
 
     async def _terminate(self, run: PodRun, pod: Obj, grace: float) -> None:
         self.api.record_event(

@@ -281,8 +281,11 @@ class Scheduler:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+            # arrives as the wake-up does (gh-86296), and stop() then waits forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.retry_interval)
+                async with asyncio.timeout(self.retry_interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.schedule_pending()

@@ -2,6 +2,9 @@ import pytest
 
 from gputap_common.settings import SettingsError, load_settings
 
+#: the Kubernetes backend starts only with an address its pods reach (docs/kubernetes.md)
+KUBE_HUB_IP = {"GPUTAP__SPAWNER__KUBERNETES__HUB_IP": "10.42.0.1"}
+
 
 def test_defaults_file_and_environment_in_order(tmp_path):
     f = tmp_path / "gputap.yaml"
@@ -69,7 +72,8 @@ def test_billing_gets_the_hubs_kubeconfig_to_meter_pods(tmp_path, monkeypatch, b
 
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     c = Config()
-    apply(c, load_settings(environ={"GPUTAP__SPAWNER__BACKEND": backend}))
+    environ = {"GPUTAP__SPAWNER__BACKEND": backend, **KUBE_HUB_IP}
+    apply(c, load_settings(environ=environ))
     [billing] = [s for s in c.JupyterHub.services if s["name"] == "billing"]
     if backend == "kubernetes":
         assert billing["environment"]["KUBECONFIG"] == str(tmp_path / "kubeconfig")
@@ -88,6 +92,7 @@ def test_idle_culler_runs_as_a_service_and_servers_report_activity_in_time(tmp_p
         "GPUTAP__SPAWNER__BACKEND": backend,
         "GPUTAP__IDLE__TIMEOUT_SECONDS": "600",
         "GPUTAP__IDLE__ACTIVITY_INTERVAL_SECONDS": "20",
+        **KUBE_HUB_IP,
     }
     apply(c, load_settings(environ=environ))
     [culler] = [s for s in c.JupyterHub.services if s["name"] == "idle-culler"]

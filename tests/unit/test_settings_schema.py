@@ -148,7 +148,12 @@ def configured(tmp_path_factory):
     configs = {}
     for backend in ("local", "kubernetes"):
         c = Config()
-        environ = {"GPUTAP__DATA_DIR": str(data), "GPUTAP__SPAWNER__BACKEND": backend}
+        environ = {
+            "GPUTAP__DATA_DIR": str(data),
+            "GPUTAP__SPAWNER__BACKEND": backend,
+            # the Kubernetes backend needs an address pods reach (docs/kubernetes.md)
+            "GPUTAP__SPAWNER__KUBERNETES__HUB_IP": "10.42.0.1",
+        }
         apply(c, load_settings(environ=environ))
         configs[backend] = c
     return configs
