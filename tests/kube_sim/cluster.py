@@ -31,8 +31,8 @@ from tornado.netutil import bind_sockets
 from .api import EVENT, NODE, POD, Api
 from .faults import Faults
 from .kubelet import Kubelet
-from .rbac import AuditRecord, Rbac
 from .netns import PodNetwork
+from .rbac import AuditRecord, Rbac
 from .scheduler import Scheduler
 from .server import end_watches, make_app
 from .store import Obj, Store

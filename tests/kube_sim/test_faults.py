@@ -141,7 +141,8 @@ def test_a_watch_already_open_goes_silent_and_its_connection_stays_open(cluster,
     with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
         sock.sendall(
             f"GET /api/v1/namespaces/default/configmaps?watch=true&resourceVersion={start}"
-            f"&timeoutSeconds=1 HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+            f"&timeoutSeconds=1 HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Authorization: Bearer {cluster.admin_token}\r\n\r\n".encode()
         )
         v1.create_namespaced_config_map("default", {"metadata": {"name": "heard"}})
         received = b""

@@ -12,6 +12,7 @@ import kubernetes.client
 import pytest
 
 from tests.kube_sim import SimulatedCluster, netns
+from tests.kube_sim.cluster import admin_key
 from tests.kube_sim.conftest import PY, pod_body, wait_for
 
 # prints what answered at the URL in argv[1], or why nothing did
@@ -97,13 +98,16 @@ def test_a_pod_reaches_the_host_at_its_address_on_the_pod_network(core, ns, host
     assert internal == [kube.host_ip]
 
 
-def test_a_pod_reaches_the_api_server_as_its_service_env_says(core, ns):
+def test_a_pod_reaches_the_api_server_as_its_service_env_says(core, ns, kube):
     script = (
         "import os, urllib.request\n"
         "h, p = os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT']\n"
-        "print(urllib.request.urlopen(f'http://{h}:{p}/version', timeout=3).status)\n"
+        "auth = {'Authorization': 'Bearer ' + os.environ['TOKEN']}\n"
+        "asked = urllib.request.Request(f'http://{h}:{p}/version', headers=auth)\n"
+        "print(urllib.request.urlopen(asked, timeout=3).status)\n"
     )
-    assert run_to_end(core, ns, "api", [PY, "-c", script]) == "200"
+    env = [{"name": "TOKEN", "value": kube.admin_token}]
+    assert run_to_end(core, ns, "api", [PY, "-c", script], env=env) == "200"
 
 
 def test_two_pods_get_different_addresses_in_the_clusters_subnet(core, ns, kube):
@@ -138,7 +142,7 @@ def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
     before_ns, before_links = namespaces(), links()
     with SimulatedCluster.run_in_thread(max_grace_seconds=1) as cluster:
         cluster.add_node("n")
-        config = kubernetes.client.Configuration(host=cluster.url)
+        config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
         core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
         for name in ("a", "b"):
             core.create_namespaced_pod("default", pod_body(name))

@@ -5,7 +5,13 @@ import kubernetes.client
 import pytest
 
 from tests.kube_sim import SimulatedCluster
-from tests.kube_sim.cluster import CLOUD_MACHINES, cloud_node_spec, gke_allocatable, gpu_node_spec
+from tests.kube_sim.cluster import (
+    CLOUD_MACHINES,
+    admin_key,
+    cloud_node_spec,
+    gke_allocatable,
+    gpu_node_spec,
+)
 from tests.kube_sim.conftest import PY, pod_body, wait_for
 from tests.kube_sim.scheduler import parse_quantity
 
@@ -85,7 +91,9 @@ def cluster():
 
 @pytest.fixture
 def v1(cluster):
-    with kubernetes.client.ApiClient(kubernetes.client.Configuration(host=cluster.url)) as c:
+    with kubernetes.client.ApiClient(
+        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    ) as c:
         yield kubernetes.client.CoreV1Api(c)
 
 
@@ -159,7 +167,7 @@ def test_a_spot_class_that_never_preempts_leaves_lower_pods_running(cluster, v1)
     gpu = {"limits": {"nvidia.com/gpu": "1"}}
     v1.create_namespaced_pod("default", pod_body("low", command=SLEEP, resources=gpu,
                              tolerations=[GPU_TOLERATION], priorityClassName="low"))  # fmt: skip
-    wait_for(lambda: v1.read_namespaced_pod("low", "default").spec.node_name)
+    wait_for(lambda: v1.read_namespaced_pod("low", "default").status.phase == "Running")
     v1.create_namespaced_pod("default", pod_body("polite", command=SLEEP, resources=gpu,
                              tolerations=[GPU_TOLERATION], priorityClassName="polite"))  # fmt: skip
     assert v1.read_namespaced_pod("polite", "default").spec.preemption_policy == "Never"
