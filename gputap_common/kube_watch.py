@@ -56,8 +56,8 @@ async def watch_objects(
 
     An ERROR event raises :class:`ApiException` with its code: 410 Gone when that version is
     too old, so the caller lists again. :class:`SilentWatch` when the watch is still open
-    WATCH_GRACE_SECONDS after it should have ended: the caller watches again from the last
-    version it saw, on a new connection."""
+    WATCH_GRACE_SECONDS after it should have ended: its connection is dead, and the caller
+    lists again (what the connection withheld is not known)."""
     # a bare partial: the Watch finds no return type on it and hands over the JSON as is;
     # a number as _request_timeout bounds the whole request, the stream included
     stream = watch.Watch().stream(
