@@ -49,6 +49,9 @@ async def serve(args: argparse.Namespace, spec: dict | list) -> None:
     print(
         f"simulated cluster at {cluster.url}; pods reach this host at {cluster.host_ip}", flush=True
     )
+    if not args.kubeconfig:
+        # every request needs a token; the administrator's is only written, never printed
+        print("no --kubeconfig: requests will be refused (401) without its token", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,7 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="seconds each pod spends pulling its image",
     )
-    parser.add_argument("--kubeconfig", help="write a kubeconfig for the cluster here")
+    parser.add_argument(
+        "--kubeconfig",
+        help="write a kubeconfig for the cluster here, with the administrator's bearer token",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(message)s")

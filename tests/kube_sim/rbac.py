@@ -20,6 +20,7 @@ Anonymous requests are refused with 401 as with `--anonymous-auth=false`.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,6 +286,8 @@ BOOTSTRAP_CLUSTER_ROLE_BINDINGS: list[Obj] = [
 
 @dataclass
 class Decision:
+    """Allowed (and by which rule), or not (and the errors RBAC met on the way)."""
+
     allowed: bool
     grant: Grant | None = None
     reason: str = ""
@@ -295,7 +298,7 @@ def authorize(
     attrs: Attributes,
     cluster_role_bindings: list[Obj],
     role_bindings: list[Obj],
-    find_role: Any,
+    find_role: Callable[[str, str, str], Obj | None],
 ) -> Decision:
     """RBAC's decision: the first rule of a role bound to the identity that allows the request.
 
@@ -331,7 +334,9 @@ def authorize(
                     index,
                 )
                 return Decision(True, grant)
-    reason = "RBAC: " + ", ".join(errors) if errors else ""
+    # an aggregate of errors prints alone when it is one, else as a bracketed list
+    aggregate = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    reason = f"RBAC: {aggregate}" if errors else ""
     return Decision(False, reason=reason)
 
 
@@ -356,7 +361,9 @@ class Tokens:
         self._accounts[token] = (namespace, name, uid)
         return token
 
-    def identify(self, authorization: str | None, account_uid: Any) -> Identity | None:
+    def identify(
+        self, authorization: str | None, account_uid: Callable[[str, str], str | None]
+    ) -> Identity | None:
         """The identity of an Authorization header, or None (401).
 
         account_uid(namespace, name) -> the uid of that ServiceAccount now, or None.

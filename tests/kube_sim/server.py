@@ -507,6 +507,16 @@ class ResourceHandler(BaseHandler):
         await self.flush()
 
 
+class UnknownPathHandler(BaseHandler):
+    """Any other path: authorized like every request (a user without the rule gets 403 for it,
+    as from the real server), then 404."""
+
+    def get(self, *args: Any) -> None:
+        raise tornado.web.HTTPError(404)
+
+    post = put = patch = delete = get
+
+
 def end_watches(app: tornado.web.Application) -> None:
     """Finish every open watch stream, as the real server does when it shuts down."""
     for queue in list(app.settings["kube_watchers"]):
@@ -525,6 +535,8 @@ def make_app(api: Api, faults: Faults, logs: LogSource, rbac: Rbac) -> tornado.w
             (r"/apis/([^/]+)/([^/]+)/?", GroupVersionHandler, kwargs),
             (r"/(api|apis)/(.+)", ResourceHandler, kwargs),
         ],
+        default_handler_class=UnknownPathHandler,
+        default_handler_args=kwargs,
         compress_response=False,
         kube_watchers=set(),
         log_function=_log_request,

@@ -7,6 +7,7 @@ import uuid
 
 import kubernetes.client
 import pytest
+import requests
 from kubernetes.client.rest import ApiException
 
 from tests.kube_sim.rbac import Attributes, request_attributes, rule_allows
@@ -133,7 +134,14 @@ def test_cluster_scoped_resources_need_a_cluster_role(account, ns):
 def test_resource_names_limit_a_rule_to_those_objects(core, account, ns):
     for name in ("settings", "other"):
         core.create_namespaced_config_map(ns, {"metadata": {"name": name}, "data": {"k": "v"}})
-    assert account.read_namespaced_config_map("settings", ns).data == {"k": "v"}
+    settings = account.read_namespaced_config_map("settings", ns)
+    assert settings.data == {"k": "v"}
+    settings.data = {"k": "w"}
+    assert account.replace_namespaced_config_map("settings", ns, settings).data == {"k": "w"}
+    code, body = refusal(account.patch_namespaced_config_map, "settings", ns, {"data": {}})
+    assert code == 403 and 'cannot patch resource "configmaps"' in body["message"]
+    code, body = refusal(account.delete_collection_namespaced_config_map, ns)
+    assert code == 403 and 'cannot deletecollection resource "configmaps"' in body["message"]
     code, body = refusal(account.read_namespaced_config_map, "other", ns)
     assert code == 403 and body["message"].startswith('configmaps "other" is forbidden')
     # a list names no object, so a rule with resourceNames does not grant it
@@ -426,3 +434,18 @@ def resource(verb, res, sub="", group="", name=""):
 )
 def test_rules_match_as_rbac_does(rule, attrs, allowed):
     assert rule_allows(rule, attrs) is allowed
+
+
+def test_authorization_comes_before_the_path_is_known(kube, account, ns):
+    """A path no rule grants is 403 whether or not it exists; for the administrator, 404."""
+    widgets = f"{kube.url}/api/v1/namespaces/{ns}/widgets"
+    headers = {"Authorization": account.api_client.configuration.api_key["BearerToken"]}
+    r = requests.get(widgets, headers=headers, timeout=5)
+    assert r.status_code == 403 and r.json()["message"].startswith("widgets is forbidden")
+    r = requests.get(f"{kube.url}/metrics", headers=headers, timeout=5)
+    assert r.status_code == 403
+    user = f"system:serviceaccount:{ns}:robot"
+    assert r.json()["message"] == f'forbidden: User "{user}" cannot get path "/metrics"'
+    admin = {"Authorization": f"Bearer {kube.admin_token}"}
+    assert requests.get(widgets, headers=admin, timeout=5).status_code == 404
+    assert requests.get(f"{kube.url}/metrics", headers=admin, timeout=5).status_code == 404
