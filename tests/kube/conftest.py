@@ -90,13 +90,19 @@ def cluster(chart_rbac):
             allocatable={"nvidia.com/gpu.shared": "16", "cpu": "32", "memory": "128Gi"},
             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
         )
-        core = kube_api(c)
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
-        create_priority_classes(c)
-        for manifest in chart_rbac:
-            kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)
+        install_gputap(c, chart_rbac)
         yield c
         assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
+
+
+def install_gputap(cluster, chart_rbac: list[dict]) -> None:
+    """What `helm install` leaves for gputap in a cluster: its namespace, the PriorityClasses
+    and the chart's RBAC (the hub and billing then act by their ServiceAccounts' tokens)."""
+    core = kube_api(cluster)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    create_priority_classes(cluster)
+    for manifest in chart_rbac:
+        kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)
 
 
 def create_priority_classes(cluster) -> None:

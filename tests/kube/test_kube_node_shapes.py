@@ -6,14 +6,14 @@ servers land."""
 import pytest
 
 from tests.integration.test_form import row
-from tests.kube.conftest import create_priority_classes, kube_api
+from tests.kube.conftest import BILLING_ACCOUNT, HUB_ACCOUNT, install_gputap, refused
 from tests.kube.test_kube_spawn import pod_of
 from tests.kube_sim.cluster import SimulatedCluster, gpu_node_spec
 from tests.kube_sim.scheduler import parse_quantity
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(chart_rbac):
     with SimulatedCluster.run_in_thread(seed=3, event_interval=1.0) as c:
         # 8 H100s split all-1g.10gb under the single strategy: 56 slices as nvidia.com/gpu
         c.gpu_node("h100-single", product="NVIDIA-H100-80GB-HBM3", mig="all-1g.10gb",
@@ -31,9 +31,9 @@ def cluster():
         labels = gpu_node_spec("x", product="NVIDIA-A10", gpus=2, memory_mib=23028)["labels"]
         c.add_node("a10-untainted", labels=labels,
                    allocatable={"nvidia.com/gpu": "2", "cpu": "32", "memory": "128Gi"})  # fmt: skip
-        kube_api(c).create_namespace({"metadata": {"name": "gputap"}})
-        create_priority_classes(c)
+        install_gputap(c, chart_rbac)
         yield c
+        assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
 
 
 def form(platform, user):

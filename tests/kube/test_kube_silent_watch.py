@@ -14,7 +14,7 @@ from gputap_common.settings import load_settings
 from hub_config.hub import apply
 from spawner.core.catalog import Catalog
 from spawner.kube.watch import ClusterWatcher
-from tests.kube_sim import SimulatedCluster
+from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import pod_body
 
 #: how soon a change must show although every watch went silent (the hub's watches last 10 s
@@ -33,7 +33,9 @@ async def cluster():
 
 @pytest.fixture
 async def v1(cluster):
-    async with client.ApiClient(client.Configuration(host=cluster.url)) as api_client:
+    async with client.ApiClient(
+        client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    ) as api_client:
         v1 = client.CoreV1Api(api_client)
         await v1.create_namespace({"metadata": {"name": "gputap"}})
         yield v1
@@ -72,11 +74,16 @@ async def test_a_pods_end_and_a_cordon_are_seen_through_silent_watches(cluster, 
 
 async def test_the_pod_reflector_as_the_hub_configures_it_sees_a_server_end(cluster, v1, tmp_path):
     settings = tmp_path / "gputap.yaml"
-    settings.write_text(f"data_dir: {tmp_path}\nspawner: {{backend: kubernetes}}\n")
+    settings.write_text(
+        f"data_dir: {tmp_path}\n"
+        f"spawner: {{backend: kubernetes, kubernetes: {{hub_ip: {cluster.host_ip}}}}}\n"
+    )
     config = Config()
     apply(config, load_settings(settings, environ={}))
     previous = client.Configuration.get_default_copy()
-    client.Configuration.set_default(client.Configuration(host=cluster.url))
+    client.Configuration.set_default(
+        client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    )
     # as KubeSpawner makes it, with the hub's configuration (its parent's)
     pods = PodReflector(config=config, namespace="gputap", labels={"app": "jupyterhub"})
     try:
