@@ -10,6 +10,7 @@ import urllib.request
 
 import kubernetes.client
 import pytest
+from kubernetes.client.rest import ApiException
 
 from tests.kube_sim import SimulatedCluster, netns
 from tests.kube_sim.conftest import PY, pod_body, wait_for
@@ -206,3 +207,25 @@ def test_without_root_the_cluster_refuses_saying_why(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(netns.NetworkError, match="needs root: run the tests as root"):
         netns.PodNetwork().start()
+
+
+def test_a_restarted_container_keeps_its_pods_address(core, ns, kube):
+    # the address the pod's process sends from, printed at each start; then it exits
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.connect((sys.argv[1], 9))\n"
+        "print(s.getsockname()[0], flush=True)\n"
+        "raise SystemExit(1)\n"
+    )
+    core.create_namespaced_pod(ns, pod_body("again", command=[PY, "-c", script, kube.host_ip]))
+
+    def two_starts():
+        try:
+            lines = (core.read_namespaced_pod_log("again", ns) or "").split()
+        except ApiException:  # 400 while the container waits out its back-off
+            return None
+        return lines if len(lines) >= 2 else None
+
+    # the captured output spans the restarts: one line per start
+    assert set(wait_for(two_starts)) == {core.read_namespaced_pod("again", ns).status.pod_ip}
