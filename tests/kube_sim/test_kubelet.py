@@ -123,3 +123,15 @@ def test_missing_secret_leaves_the_container_waiting(core, ns):
         )
     )
     assert waiting is not None
+
+
+def test_a_command_that_does_not_exist_fails_to_start(core, ns):
+    # checked before the pod's network prefix runs it, as the runtime's exec would fail
+    body = pod_body("nocmd", command=["/nonexistent/server"], restartPolicy="Never")
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "nocmd") == "Failed")
+    terminated = core.read_namespaced_pod("nocmd", ns).status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (128, "StartError")
+    assert terminated.message == (
+        "failed to start container: exec: /nonexistent/server: No such file or directory"
+    )
