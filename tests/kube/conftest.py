@@ -1,7 +1,8 @@
 """The whole platform on the Kubernetes backend, against the simulated cluster.
 
 GPU nodes: 8x A100-80GB, an H100-80GB node partitioned all-1g.10gb (56 slices), 4x L40S, and
-two time-sliced T4s. Pods run as local processes (tests/kube_sim).
+two time-sliced T4s. Pods run as local processes, each in its own network namespace, so the hub
+listens at the pod network's gateway (tests/kube_sim).
 
 The cluster holds the RBAC the Helm chart renders for release `gputap` in namespace `gputap`
 (z2jh's hub ServiceAccount, Role and RoleBinding, and gputap's templates/rbac/), the hub runs

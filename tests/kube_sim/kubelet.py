@@ -287,7 +287,7 @@ class Kubelet:
         try:
             run.netns = await self.network.add_pod(run.pod_ip)
         except NetworkError as e:
-            # the kubelet's words when the CNI plugin fails; the pod stays ContainerCreating
+            # the kubelet's words when the CNI plugin fails; the pod stays Pending
             self._event(pod, "FailedCreatePodSandBox", f"Failed to create pod sandbox: {e}")
             log.error("%s/%s: no pod network: %s", run.namespace, run.name, e)
             return
@@ -345,7 +345,8 @@ class Kubelet:
                 continue
             self._event(pod, "Created", f"Created container {container['name']}")
             try:
-                if shutil.which(argv[0], path=env["PATH"]) is None:
+                program = os.path.join(cwd, argv[0]) if "/" in argv[0] else argv[0]
+                if shutil.which(program, path=env["PATH"]) is None:
                     # checked here: behind the launch prefix, exec fails in nsenter instead
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
                 run.proc = await asyncio.create_subprocess_exec(

@@ -246,14 +246,17 @@ class PodNetwork:
     async def remove_pod(self, ip: str) -> None:
         """End what still runs in the pod's namespace and delete it (its veth goes with it:
         a namespace lives on while a process is in it); free its address."""
-        names = self._pods.pop(ip, None)
-        self._in_use.discard(ip)
+        names = self._pods.get(ip)
         if names is None:
             return
         with contextlib.suppress(NetworkError):
             _kill_all(await _ip_async("netns", "pids", names[0]))
         with contextlib.suppress(NetworkError):
             await _ip_async("netns", "delete", names[0])
+        # forgotten only now: a cluster stopped meanwhile (this task never to finish) still
+        # finds the namespace in stop()
+        self._pods.pop(ip, None)
+        self._in_use.discard(ip)
         _live.difference_update(names)
 
     def stop(self) -> None:

@@ -151,3 +151,15 @@ def test_a_node_clock_ahead_or_behind_skews_what_its_kubelet_writes(kube, core, 
     events = {e.reason: e for e in core.list_namespaced_event(ns).items}
     assert round(off(events["Started"].last_timestamp)) == minutes  # the kubelet's
     assert round(off(events["Scheduled"].last_timestamp)) == 0  # the scheduler's
+
+
+def test_a_command_that_does_not_exist_fails_to_start(core, ns):
+    # checked before the pod's network prefix runs it, as the runtime's exec would fail
+    body = pod_body("nocmd", command=["/nonexistent/server"], restartPolicy="Never")
+    core.create_namespaced_pod(ns, body)
+    wait_for(lambda: phase(core, ns, "nocmd") == "Failed")
+    terminated = core.read_namespaced_pod("nocmd", ns).status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (128, "StartError")
+    assert terminated.message == (
+        "failed to start container: exec: /nonexistent/server: No such file or directory"
+    )

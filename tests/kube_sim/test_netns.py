@@ -10,6 +10,7 @@ import urllib.request
 
 import kubernetes.client
 import pytest
+from kubernetes.client.rest import ApiException
 
 from tests.kube_sim import SimulatedCluster, netns
 from tests.kube_sim.cluster import admin_key
@@ -82,6 +83,12 @@ def namespaces() -> set[str]:
     return {entry["name"] for entry in json.loads(out or "[]")}
 
 
+def mine(names: set[str]) -> set[str]:
+    """This process's names: other test processes make and remove theirs meanwhile."""
+    pid = os.getpid()
+    return {n for n in names if n.startswith((f"kube-sim-{pid}-", f"ksv{pid:x}.", f"ksb{pid:x}."))}
+
+
 def test_a_pod_does_not_reach_the_hosts_loopback(core, ns, host_server):
     url = host_server("127.0.0.1")
     assert urllib.request.urlopen(url, timeout=3).read() == b"host 127.0.0.1"  # it is up
@@ -139,7 +146,7 @@ def test_the_host_reaches_a_server_listening_on_every_address_of_its_pod(core, n
 
 
 def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
-    before_ns, before_links = namespaces(), links()
+    before_ns, before_links = mine(namespaces()), mine(links())
     with SimulatedCluster.run_in_thread(max_grace_seconds=1) as cluster:
         cluster.add_node("n")
         config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
@@ -151,13 +158,13 @@ def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
                 p.status.phase == "Running" for p in core.list_pod_for_all_namespaces().items
             )
         )
-        during_ns, during_links = namespaces(), links()
+        during_ns, during_links = mine(namespaces()), mine(links())
         bridge = cluster.cluster.network.bridge
         core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
-        wait_for(lambda: len(namespaces() - before_ns) == 1)
+        wait_for(lambda: len(mine(namespaces()) - before_ns) == 1)
     assert len(during_ns - before_ns) == 2
     assert bridge in during_links and len(during_links - before_links) == 3  # bridge, 2 veths
-    assert namespaces() - before_ns == set() and links() - before_links == set()
+    assert mine(namespaces()) - before_ns == set() and mine(links()) - before_links == set()
 
 
 def dead_pid() -> int:
@@ -204,3 +211,25 @@ def test_without_root_the_cluster_refuses_saying_why(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(netns.NetworkError, match="needs root: run the tests as root"):
         netns.PodNetwork().start()
+
+
+def test_a_restarted_container_keeps_its_pods_address(core, ns, kube):
+    # the address the pod's process sends from, printed at each start; then it exits
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "s.connect((sys.argv[1], 9))\n"
+        "print(s.getsockname()[0], flush=True)\n"
+        "raise SystemExit(1)\n"
+    )
+    core.create_namespaced_pod(ns, pod_body("again", command=[PY, "-c", script, kube.host_ip]))
+
+    def two_starts():
+        try:
+            lines = (core.read_namespaced_pod_log("again", ns) or "").split()
+        except ApiException:  # 400 while the container waits out its back-off
+            return None
+        return lines if len(lines) >= 2 else None
+
+    # the captured output spans the restarts: one line per start
+    assert set(wait_for(two_starts)) == {core.read_namespaced_pod("again", ns).status.pod_ip}
