@@ -161,6 +161,15 @@ class FreeView:
     def take(self, key: str, node: str, count: int) -> None:
         self.set(key, node, self._free[key][node] - count, self._capacity[key][node])
 
+    def free_only_on(self, node: str) -> FreeView:
+        """A copy in which nothing is free but on ``node``, capacities unchanged: for a server
+        that must run there (Kubernetes: its user's home volume is attached to that node)."""
+        view = FreeView()
+        for key, caps in self._capacity.items():
+            for name, capacity in caps.items():
+                view.set(key, name, self._free[key][name] if name == node else 0, capacity)
+        return view
+
     def free_on(self, key: str) -> Mapping[str, int]:
         return self._free.get(key, {})
 

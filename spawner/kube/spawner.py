@@ -31,7 +31,8 @@ from ..core.record import ServerRecord
 from ..lifecycle import stops
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
-from .objects import apply_pod_settings, gpu_pod_settings
+from .homes import HomeHolder, attaches_to_one_node, home_holder, home_note
+from .objects import GPU_TOLERATIONS, HOSTNAME_LABEL, apply_pod_settings, gpu_pod_settings
 from .watch import ClusterWatcher
 
 # one watcher per hub (per event loop)
@@ -77,6 +78,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _pod_settings: dict[str, Any] | None = None
     #: whether this start has asked for its pod (progress turns to the pod's events)
     _pod_requested = False
+    #: the pod of another of the user's servers holding the (ReadWriteOnce) home on a node
+    _home_holder: HomeHolder | None = None
 
     @property
     def pod_key(self) -> str:
@@ -150,17 +153,50 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         get (docs/kubernetes.md, "Changing a server's GPU")."""
         watcher = await self.cluster()
         inventory = watcher.inventory
-        return (inventory.view if spot else inventory.preemptible_view), False
+        view = self._beside_home(
+            watcher, lambda: inventory.view if spot else inventory.preemptible_view
+        )
+        return view(), False
+
+    def find_home_holder(self, watcher: ClusterWatcher) -> HomeHolder | None:
+        """Another of the user's servers whose pod holds their home on a node, when the home
+        attaches to one node at a time (spawner.kube.homes)."""
+        if not attaches_to_one_node(self.storage_access_modes):
+            return None
+        return home_holder(watcher.pods, self.namespace, self.pvc_name, self.pod_name)
+
+    def _beside_home(
+        self, watcher: ClusterWatcher, view: Callable[[], FreeView]
+    ) -> Callable[[], FreeView]:
+        """What is free to this server: on the node holding its home, if one does."""
+        holder = self._home_holder = self.find_home_holder(watcher)
+        if holder is None:
+            return view
+        self.log.info("%s: home attached to %s (server %s)", self.who, holder.node, holder.server)
+        return lambda: view().free_only_on(holder.node)
 
     # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
-        """Spot servers take only what is free; on-demand ones may preempt spot servers.
-        Prices are asked for everything the cluster holds."""
-        inventory = (await self.cluster()).inventory
+        """Spot servers take only what is free; on-demand ones may preempt spot servers; both
+        only on the node holding the user's home while another server has it there. Prices
+        are asked for everything the cluster holds."""
+        watcher = await self.cluster()
+        inventory = watcher.inventory
         if options.spot:
-            return (lambda: inventory.view), inventory.view
-        return (lambda: inventory.preemptible_view), inventory.view
+            return self._beside_home(watcher, lambda: inventory.view), inventory.view
+        return self._beside_home(watcher, lambda: inventory.preemptible_view), inventory.view
+
+    async def place_or_wait(
+        self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
+    ) -> Placement:
+        """The shared placement; a refusal says when the home's node was the limit."""
+        try:
+            return await super().place_or_wait(options, free_view, prices)
+        except web.HTTPError as e:
+            if e.status_code != 409 or self._home_holder is None:
+                raise
+            raise web.HTTPError(409, f"{e.log_message}{home_note(self._home_holder)}") from None
 
     def take_devices(self, placement: Placement, record: ServerRecord) -> None:
         """Reserve the placement's GPUs on its node until the watch sees the pod bound."""
@@ -195,6 +231,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             course=record.course,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        holder = self._home_holder
+        if holder is not None and not placement.node:
+            # a CPU server goes where its home is attached, GPU node or not
+            home = watcher.inventory.nodes.get(holder.node)
+            settings["node_selector"] = {HOSTNAME_LABEL: home.hostname if home else holder.node}
+            settings["tolerations"] = list(GPU_TOLERATIONS)
         settings.update(await self._disk_settings())
         spot = record.price_class == "spot"
         settings["priority_class_name"] = (

@@ -93,6 +93,11 @@ class ClusterWatcher:
         #: "namespace/pod" -> when its server ended (finishedAt, or when it was deleted)
         self.ended: dict[str, datetime] = {}
 
+    @property
+    def pods(self) -> list[Mapping[str, Any]]:
+        """Every pod as last seen, in every namespace."""
+        return list(self._known["pod"].values())
+
     def _handler(self, kind: str) -> Handler:
         apply = self.inventory.apply_node if kind == "node" else self.inventory.apply_pod
         known = self._known[kind]

@@ -9,16 +9,28 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.helm.dockerfile import parse_dockerfile
 from tests.kube_sim.cluster import SimulatedCluster
+from tests.kube_sim.volumes import ImageUser
 from tests.platform import Platform
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def singleuser_image_user() -> ImageUser:
+    """Whom images/singleuser runs servers as: its final USER (uid:gid) and WORKDIR, read
+    from the Dockerfile, so the simulated pods run as the image would."""
+    final = parse_dockerfile((ROOT / "images" / "singleuser" / "Dockerfile").read_text()).final
+    uid, _, gid = final.user.partition(":")
+    workdirs = [args for instr, args in final.instructions if instr == "WORKDIR"]
+    return ImageUser(int(uid), int(gid or 0), workdirs[-1])
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0) as c:
+    images = {"gputap/singleuser": singleuser_image_user()}
+    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0, images=images) as c:
         # a DGX-like A100 node: 8 GPUs, 128 cores, 2 TiB (the catalog sizes CPU and memory
         # per GPU, so a node built for its GPUs fits them)
         c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8, cpu="128", memory="2Ti")
