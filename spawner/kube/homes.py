@@ -1,10 +1,12 @@
-"""Where a user's home volume is attached, so that their other servers run on that node.
+"""Where a user's home volume can attach, so that their servers are placed there.
 
 A ReadWriteOnce volume (block storage: every cloud's default class) attaches to one node at a
 time; a pod on another node waits in ContainerCreating with "Multi-Attach error" until the
 first pod is gone. All of a user's servers share one home (``home-{username}``), so while one
 of them runs, the others are placed on its node; ReadWriteMany homes (a shared file system)
-attach anywhere (docs/kubernetes.md, "Storage").
+attach anywhere. A zonal volume reaches only nodes of its zone: with WaitForFirstConsumer it
+was made in the zone of the node its first pod was scheduled to, which the claim names in
+``volume.kubernetes.io/selected-node`` (docs/kubernetes.md, "Storage").
 """
 
 from __future__ import annotations
@@ -60,4 +62,23 @@ def home_note(holder: HomeHolder) -> str:
         f" Your home is attached to node {holder.node}, where your server "
         f'"{holder.server}" runs: a ReadWriteOnce home attaches to one node at a time, so '
         "your other servers run on that node; stop it to choose from every node."
+    )
+
+
+ZONE_LABEL = "topology.kubernetes.io/zone"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+
+
+def claim_zone(annotations: Mapping[str, str], node_zones: Mapping[str, str]) -> str | None:
+    """The zone of a claim's volume (from the claim's annotations): that of the node the
+    scheduler selected for it, if the node is known and zoned."""
+    node = annotations.get(SELECTED_NODE)
+    return node_zones.get(node) if node else None
+
+
+def zone_note(zone: str) -> str:
+    """What a refusal adds when the home's zone could not serve the request."""
+    return (
+        f" Your home is a volume in zone {zone}, which reaches only that zone's nodes, so "
+        "your servers run there; ask an operator if you need what another zone has."
     )
