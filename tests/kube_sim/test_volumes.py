@@ -2,6 +2,7 @@
 and what a pod's process may do with a fresh volume (owned by root) as its image's user."""
 
 import json
+import os
 
 import kubernetes.client
 import pytest
@@ -11,7 +12,7 @@ from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.cluster import STANDARD_CLASSES
 from tests.kube_sim.conftest import PY, pod_body, wait_for
 from tests.kube_sim.storage import ZONE_LABEL
-from tests.kube_sim.volumes import ImageUser
+from tests.kube_sim.volumes import ImageUser, ProcessUser, apply_fs_group, process_user
 
 USER_IMAGE = "example.org/notebook:1.0"  # an image whose USER is 1000:100, HOME /home/jovyan
 
@@ -286,3 +287,30 @@ def test_run_as_user_sub_path_and_read_only_mounts(core, ns):
     assert result == "Failed"
     assert lines[0] == "0 0 True"
     assert any("Read-only file system" in line for line in lines)
+
+
+def test_fs_group_change_policy_on_root_mismatch_skips_a_matching_volume(tmp_path):
+    volume = tmp_path / "pv"
+    (volume / "sub").mkdir(parents=True)
+    (volume / "sub" / "f").write_text("x")
+    os.chmod(volume / "sub" / "f", 0o600)
+    apply_fs_group(str(volume), 100)
+    info = os.stat(volume / "sub" / "f")
+    assert (info.st_gid, oct(info.st_mode & 0o777)) == (100, "0o660")
+    assert os.stat(volume / "sub").st_mode & 0o2070 == 0o2070  # setgid, group rwx
+    os.chown(volume / "sub" / "f", -1, 0)  # a later change under a matching root ...
+    apply_fs_group(str(volume), 100, policy="OnRootMismatch")
+    assert os.stat(volume / "sub" / "f").st_gid == 0  # ... is left alone
+    apply_fs_group(str(volume), 100)
+    assert os.stat(volume / "sub" / "f").st_gid == 100
+
+
+def test_the_process_user_comes_from_the_container_the_pod_then_the_image():
+    images = {"example.org/notebook": ImageUser(1000, 100, "/home/jovyan")}
+    pod = {"spec": {"securityContext": {"runAsUser": 2000, "fsGroup": 100}}}
+    container = {"image": "example.org/notebook:1.0"}
+    assert process_user(pod, container, images) == ProcessUser(2000, 0, (100,), "")
+    container["securityContext"] = {"runAsUser": 1000}
+    assert process_user(pod, container, images) == ProcessUser(1000, 100, (100,), "/home/jovyan")
+    bare = {"spec": {}}
+    assert process_user(bare, {"image": "other:1"}, images) == ProcessUser(0, 0, (), "")
