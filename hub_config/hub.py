@@ -229,9 +229,14 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
     c.KubeSpawner.storage_capacity = kube["home_size"]
     if kube["storage_class"]:
         c.KubeSpawner.storage_class = kube["storage_class"]
+    c.KubeSpawner.storage_access_modes = [kube["home_access_mode"]]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
     c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
     _reflectors(c)
+    # servers run as the single-user image's user; volumes arrive owned by root, so they are
+    # given to its group (fsGroup), or a fresh home is not writable (docs/kubernetes.md)
+    c.KubeSpawner.uid = kube["uid"]
+    c.KubeSpawner.fs_gid = kube["fs_gid"]
     # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
     classes = kube["priority_classes"]
     if classes["on_demand"]:

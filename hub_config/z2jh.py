@@ -139,6 +139,20 @@ def chart_settings(raw: Mapping[str, Any] | None, environ: Mapping[str, str]) ->
     return settings
 
 
+def _same_server_user(c: Any, kube: Mapping[str, Any]) -> None:
+    """z2jh sets KubeSpawner's uid and fs_gid from singleuser.uid / singleuser.fsGid before
+    gputap sets them from its own settings: refuse the two when they differ, rather than let
+    one silently win."""
+    for trait, z2jh_key in (("uid", "singleuser.uid"), ("fs_gid", "singleuser.fsGid")):
+        theirs = c.KubeSpawner.get(trait)
+        if theirs is not None and theirs != kube[trait]:
+            raise SettingsError(
+                f"jupyterhub.{z2jh_key} is {theirs} but {ORIGIN}.spawner.kubernetes.{trait} is "
+                f"{kube[trait]}: servers run as one user (the single-user image's); set both "
+                "to the same value"
+            )
+
+
 def configure(
     c: Any, raw: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -158,6 +172,7 @@ def configure(
     c.Spawner.http_timeout = spawner["start_timeout"]
     c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
     c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
+    _same_server_user(c, spawner["kubernetes"])
     _kubernetes_backend(c, spawner["kubernetes"])
     _hub_pages(c, hub, c.JupyterHub.get("base_url", "/"))
     if not isinstance(c.JupyterHub.get("load_roles"), list):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +160,15 @@ class FreeView:
 
     def take(self, key: str, node: str, count: int) -> None:
         self.set(key, node, self._free[key][node] - count, self._capacity[key][node])
+
+    def free_only_on(self, nodes: Collection[str]) -> FreeView:
+        """A copy in which nothing is free but on ``nodes``, capacities unchanged: for a
+        server that must run there (Kubernetes: where its user's home volume can attach)."""
+        view = FreeView()
+        for key, caps in self._capacity.items():
+            for name, capacity in caps.items():
+                view.set(key, name, self._free[key][name] if name in nodes else 0, capacity)
+        return view
 
     def free_on(self, key: str) -> Mapping[str, int]:
         return self._free.get(key, {})

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.clients import shared_client
 from tornado import web
@@ -31,7 +32,16 @@ from ..core.record import ServerRecord
 from ..lifecycle import stops
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
-from .objects import apply_pod_settings, gpu_pod_settings
+from .homes import (
+    ZONE_LABEL,
+    HomeHolder,
+    attaches_to_one_node,
+    claim_zone,
+    home_holder,
+    home_note,
+    zone_note,
+)
+from .objects import GPU_TOLERATIONS, HOSTNAME_LABEL, apply_pod_settings, gpu_pod_settings
 from .watch import ClusterWatcher
 
 # one watcher per hub (per event loop)
@@ -79,6 +89,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     _pod_requested = False
     #: when this start asked for its pod (no second before it is billed)
     _pod_asked_at: datetime | None = None
+    #: where this start's home reaches (a node's or a zone's node selector), and what a
+    #: refusal says about it; empty when it reaches every node
+    _home_selector: dict[str, str] = {}
+    _home_limit = ""
 
     @property
     def pod_key(self) -> str:
@@ -149,20 +163,79 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
         """A spot server takes only what is free. The pod's own GPUs count as taken: they
         are free only once the pod is gone, and a change never promises what it may not
-        get (docs/kubernetes.md, "Changing a server's GPU")."""
+        get (docs/kubernetes.md, "Changing a server's GPU"); only where the home reaches."""
         watcher = await self.cluster()
         inventory = watcher.inventory
-        return (inventory.view if spot else inventory.preemptible_view), False
+        view = await self._where_home_reaches(
+            watcher, lambda: inventory.view if spot else inventory.preemptible_view
+        )
+        return view(), False
+
+    def find_home_holder(self, watcher: ClusterWatcher) -> HomeHolder | None:
+        """Another of the user's servers whose pod holds their home on a node, when the home
+        attaches to one node at a time (spawner.kube.homes)."""
+        if not attaches_to_one_node(self.storage_access_modes):
+            return None
+        return home_holder(watcher.pods, self.namespace, self.pvc_name, self.pod_name)
+
+    async def home_zone(self, watcher: ClusterWatcher) -> str | None:
+        """The zone of the user's home volume, if it has one yet (spawner.kube.homes)."""
+        try:
+            claim = await self.api.read_namespaced_persistent_volume_claim(
+                self.pvc_name, self.namespace
+            )
+        except ApiException as e:
+            if e.status != 404:
+                self.log.warning("%s: home claim unreadable (%s): zone not known", self.who, e)
+            return None
+        return claim_zone(claim.metadata.annotations or {}, watcher.node_zones)
+
+    async def _where_home_reaches(
+        self, watcher: ClusterWatcher, view: Callable[[], FreeView]
+    ) -> Callable[[], FreeView]:
+        """What is free to this server: on the node holding its home while another of the
+        user's servers has it there, else in the zone of its home volume, else anywhere."""
+        self._home_limit, self._home_selector = "", {}
+        holder = self.find_home_holder(watcher)
+        if holder is not None:
+            nodes = {holder.node}
+            self._home_limit = home_note(holder)
+            node = watcher.inventory.nodes.get(holder.node)
+            self._home_selector = {HOSTNAME_LABEL: node.hostname if node else holder.node}
+        else:
+            zone = await self.home_zone(watcher)
+            if zone is None:
+                return view
+            nodes = {name for name, z in watcher.node_zones.items() if z == zone}
+            self._home_limit = zone_note(zone)
+            self._home_selector = {ZONE_LABEL: zone}
+        self.log.info("%s: placed where the home reaches: %s", self.who, self._home_selector)
+        return lambda: view().free_only_on(nodes)
 
     # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
-        """Spot servers take only what is free; on-demand ones may preempt spot servers.
-        Prices are asked for everything the cluster holds."""
-        inventory = (await self.cluster()).inventory
-        if options.spot:
-            return (lambda: inventory.view), inventory.view
-        return (lambda: inventory.preemptible_view), inventory.view
+        """Spot servers take only what is free; on-demand ones may preempt spot servers; both
+        only where the user's home reaches (_where_home_reaches). Prices are asked for
+        everything the cluster holds."""
+        watcher = await self.cluster()
+        inventory = watcher.inventory
+        spot = options.spot
+        free = await self._where_home_reaches(
+            watcher, lambda: inventory.view if spot else inventory.preemptible_view
+        )
+        return free, inventory.view
+
+    async def place_or_wait(
+        self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
+    ) -> Placement:
+        """The shared placement; a refusal says when the home's node or zone was the limit."""
+        try:
+            return await super().place_or_wait(options, free_view, prices)
+        except web.HTTPError as e:
+            if e.status_code != 409 or not self._home_limit:
+                raise
+            raise web.HTTPError(409, f"{e.log_message}{self._home_limit}") from None
 
     def take_devices(self, placement: Placement, record: ServerRecord) -> None:
         """Reserve the placement's GPUs on its node until the watch sees the pod bound."""
@@ -201,6 +274,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             course=record.course,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        if self._home_selector and not placement.node:
+            # a CPU server goes where its home reaches; to the node holding it, GPU node or not
+            settings["node_selector"] = dict(self._home_selector)
+            if HOSTNAME_LABEL in self._home_selector:
+                settings["tolerations"] = list(GPU_TOLERATIONS)
         settings.update(await self._disk_settings())
         spot = record.price_class == "spot"
         settings["priority_class_name"] = (

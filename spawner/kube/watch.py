@@ -25,6 +25,7 @@ from gputap_common.kube_watch import SilentWatch, list_objects, watch_objects
 from gputap_common.times import pod_time
 
 from ..core.catalog import Catalog
+from .homes import ZONE_LABEL
 from .inventory import ClusterInventory
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,22 @@ class ClusterWatcher:
         self.on_change: list[Callable[[Any], None]] = []
         #: "namespace/pod" -> when its server ended (finishedAt, or when it was deleted)
         self.ended: dict[str, datetime] = {}
+
+    @property
+    def node_zones(self) -> dict[str, str]:
+        """Node name -> its ``topology.kubernetes.io/zone``, for the nodes that have one."""
+        zones = {}
+        for node in self._known["node"].values():
+            meta = node.get("metadata") or {}
+            zone = (meta.get("labels") or {}).get(ZONE_LABEL)
+            if zone:
+                zones[meta["name"]] = zone
+        return zones
+
+    @property
+    def pods(self) -> list[Mapping[str, Any]]:
+        """Every pod as last seen, in every namespace."""
+        return list(self._known["pod"].values())
 
     def _handler(self, kind: str) -> Handler:
         apply = self.inventory.apply_node if kind == "node" else self.inventory.apply_pod

@@ -161,6 +161,8 @@ def z2jh_config(values: dict) -> Config:
     c.JupyterHub.load_roles = [
         {"name": key, **role} for key, role in values["hub"].get("loadRoles", {}).items()
     ]
+    c.KubeSpawner.uid = values["singleuser"]["uid"]
+    c.KubeSpawner.fs_gid = values["singleuser"]["fsGid"]
     return c
 
 
@@ -177,6 +179,8 @@ def test_the_hub_reads_custom_gputap_through_gputap_loader(chart_dir, values_fil
     expected_ns = values["custom"]["gputap"]["spawner"].get("kubernetes", {}).get("namespace")
     assert c.KubeSpawner.namespace == (expected_ns or "gpu-ns")
     assert c.KubeSpawner.pvc_name_template == "home-{username}"
+    # servers run as the image's user, their volumes given to its group (z2jh's and gputap's)
+    assert (c.KubeSpawner.uid, c.KubeSpawner.fs_gid) == (1000, 100)
 
 
 def test_examples_set_what_they_say(chart_dir):
@@ -205,6 +209,13 @@ def test_configure_refuses_a_backend_other_than_kubernetes():
 def test_configure_names_a_misspelt_key():
     with pytest.raises(SettingsError, match="backnd"):
         configure(Config(), {"spawner": {"backnd": "kubernetes"}}, environ={})
+
+
+def test_configure_refuses_a_server_user_other_than_z2jhs():
+    c = Config()
+    c.KubeSpawner.uid, c.KubeSpawner.fs_gid = 1000, 1000  # z2jh's singleuser.uid and fsGid
+    with pytest.raises(SettingsError, match=r"singleuser.fsGid is 1000 .*kubernetes.fs_gid is 100"):
+        configure(c, {"spawner": {"backend": "kubernetes"}}, environ={})
 
 
 def test_values_schema_is_generated_from_the_settings_schema():

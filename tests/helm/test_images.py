@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from gputap_common.settings import defaults
 from hub_config.z2jh import configure
 from tests.helm.dockerfile import Dockerfile, DockerfileError, parse_dockerfile
 from tests.helm.test_chart import (
@@ -128,6 +129,12 @@ def test_the_images_run_as_the_users_the_chart_runs_their_pods_as():
     singleuser = dockerfile("singleuser")
     uid, gid = z2jh["singleuser"]["uid"], z2jh["singleuser"]["fsGid"]
     assert singleuser.final.user == f"{uid}:{gid}"
+    # ... and gputap's spawner, which sets them off the chart too (hub_config/hub.py): the
+    # pods' runAsUser and fsGroup, so that a fresh home (owned by root) is the server's
+    kube = defaults()["spawner"]["kubernetes"]
+    assert singleuser.final.user == f"{kube['uid']}:{kube['fs_gid']}"
+    workdirs = [a for i, a in singleuser.final.instructions if i == "WORKDIR"]
+    assert workdirs[-1] == "/home/jovyan"  # where the spawner mounts the home
     useradd = [a for i, a in singleuser.final.instructions if i == "RUN" and "useradd" in a]
     assert len(useradd) == 1
     words = shlex.split(useradd[0].split("useradd", 1)[1].split("&&")[0])

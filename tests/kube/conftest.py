@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from tests.helm.chart import copy_chart, render
+from tests.helm.dockerfile import parse_dockerfile
 from tests.kube_sim.cluster import SimulatedCluster, admin_key
+from tests.kube_sim.volumes import ImageUser
 from tests.platform import Platform
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
@@ -71,9 +73,19 @@ def refused(cluster, *accounts: str) -> list:
     return [r for r in cluster.audit if r.user in users and not r.allowed]
 
 
+def singleuser_image_user() -> ImageUser:
+    """Whom images/singleuser runs servers as: its final USER (uid:gid) and WORKDIR, read
+    from the Dockerfile, so the simulated pods run as the image would."""
+    final = parse_dockerfile((ROOT / "images" / "singleuser" / "Dockerfile").read_text()).final
+    uid, _, gid = final.user.partition(":")
+    workdirs = [args for instr, args in final.instructions if instr == "WORKDIR"]
+    return ImageUser(int(uid), int(gid or 0), workdirs[-1])
+
+
 @pytest.fixture(scope="module")
 def cluster(chart_rbac):
-    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0) as c:
+    images = {"gputap/singleuser": singleuser_image_user()}
+    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0, images=images) as c:
         # a DGX-like A100 node: 8 GPUs, 128 cores, 2 TiB (the catalog sizes CPU and memory
         # per GPU, so a node built for its GPUs fits them)
         c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8, cpu="128", memory="2Ti")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from . import storage
 from .store import ApiError, Obj, Store, invalid, not_found, rfc3339, utcnow
 
 
@@ -39,6 +40,8 @@ RESOURCE_TYPES = [
     ResourceType("", "v1", "Event", "events", True),
     ResourceType("", "v1", "Node", "nodes", False),
     ResourceType("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    ResourceType("", "v1", "PersistentVolume", "persistentvolumes", False),
+    ResourceType("storage.k8s.io", "v1", "StorageClass", "storageclasses", False),
     ResourceType("", "v1", "Service", "services", True),
     ResourceType("", "v1", "Secret", "secrets", True),
     ResourceType("", "v1", "ConfigMap", "configmaps", True),
@@ -67,6 +70,11 @@ ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "roles")]
 CLUSTER_ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "clusterroles")]
 ROLE_BINDING = BY_PATH[("rbac.authorization.k8s.io/v1", "rolebindings")]
 CLUSTER_ROLE_BINDING = BY_PATH[("rbac.authorization.k8s.io/v1", "clusterrolebindings")]
+PERSISTENT_VOLUME_CLAIM = BY_PATH[("v1", "persistentvolumeclaims")]
+PERSISTENT_VOLUME = BY_PATH[("v1", "persistentvolumes")]
+STORAGE_CLASS = BY_PATH[("storage.k8s.io/v1", "storageclasses")]
+ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod")
+BINDING_MODES = ("Immediate", "WaitForFirstConsumer")
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -95,8 +103,37 @@ def _validate(rt: ResourceType, obj: Obj) -> None:
                 name,
                 "spec.accessModes: Required value: at least 1 access mode is required",
             )
+        for i, mode in enumerate(spec["accessModes"]):
+            if mode not in ACCESS_MODES:
+                supported = ", ".join(f'"{m}"' for m in ACCESS_MODES)
+                raise invalid(
+                    rt.kind,
+                    rt.plural,
+                    name,
+                    f'spec.accessModes[{i}]: Unsupported value: "{mode}": supported values: '
+                    f"{supported}",
+                )
+        if "ReadWriteOncePod" in spec["accessModes"] and len(spec["accessModes"]) > 1:
+            raise invalid(
+                rt.kind,
+                rt.plural,
+                name,
+                "spec.accessModes: Forbidden: may not use ReadWriteOncePod with other access modes",
+            )
         if not ((spec.get("resources") or {}).get("requests") or {}).get("storage"):
             raise invalid(rt.kind, rt.plural, name, "spec.resources[storage]: Required value")
+    elif rt.kind == "StorageClass":
+        if not obj.get("provisioner"):
+            raise invalid(rt.kind, rt.plural, name, "provisioner: Required value")
+        mode = obj.get("volumeBindingMode", "Immediate")
+        if mode not in BINDING_MODES:
+            raise invalid(
+                rt.kind,
+                rt.plural,
+                name,
+                f'volumeBindingMode: Unsupported value: "{mode}": supported values: '
+                '"Immediate", "WaitForFirstConsumer"',
+            )
     elif rt.kind == "PriorityClass":
         if not isinstance(obj.get("value"), int):
             raise invalid(rt.kind, rt.plural, name, "value: Required value")
@@ -247,7 +284,11 @@ class Api:
             meta.pop("namespace", None)
         _validate(rt, obj)
         self._admit(rt, obj)
-        return self.store.create(obj, rt.plural)
+        created = self.store.create(obj, rt.plural)
+        if rt.kind == "PersistentVolumeClaim":
+            storage.reconcile_claim(self, created)
+            return self.get(rt, namespace, created["metadata"]["name"])
+        return created
 
     def _admit(self, rt: ResourceType, obj: Obj) -> None:
         """Defaults the real API server and its admission plugins would fill in."""
@@ -295,15 +336,10 @@ class Api:
                 port.setdefault("targetPort", port.get("port"))
             obj.setdefault("status", {"loadBalancer": {}})
         elif rt.kind == "PersistentVolumeClaim":
-            # Bound at once, as if a dynamic provisioner with Immediate binding answered.
-            spec = obj["spec"]
-            spec.setdefault("volumeMode", "Filesystem")
-            spec.setdefault("volumeName", "pvc-" + secrets.token_hex(8))
-            obj["status"] = {
-                "phase": "Bound",
-                "accessModes": spec["accessModes"],
-                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-            }
+            storage.admit_claim(self, obj)
+        elif rt.kind == "StorageClass":
+            obj.setdefault("volumeBindingMode", "Immediate")
+            obj.setdefault("reclaimPolicy", "Delete")
 
     def replace(
         self, rt: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
@@ -397,7 +433,10 @@ class Api:
                         self.delete(other, name, obj["metadata"]["name"])
                     except ApiError:
                         pass
-        return self.store.remove(rt.api_version, rt.kind, ns, name, rt.plural)
+        removed = self.store.remove(rt.api_version, rt.kind, ns, name, rt.plural)
+        if rt.kind == "PersistentVolumeClaim":
+            storage.release(self, removed)
+        return removed
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -429,6 +468,11 @@ class Api:
             set_condition(p, "PodScheduled", "True")
 
         return self.store.update(POD.api_version, POD.kind, namespace, name, POD.plural, assign)
+
+    def update(self, rt: ResourceType, namespace: str, name: str, mutate) -> Obj:
+        """Mutate any object in place, as a controller writing it."""
+        ns = namespace if rt.namespaced else ""
+        return self.store.update(rt.api_version, rt.kind, ns, name, rt.plural, mutate)
 
     def update_status(self, namespace: str, name: str, mutate) -> Obj | None:
         """Mutate a pod's status in place; None if the pod is gone."""

@@ -28,14 +28,16 @@ from typing import Any, TypeVar
 import tornado.httpserver
 from tornado.netutil import bind_sockets
 
-from .api import EVENT, NODE, POD, Api
+from .api import EVENT, NODE, POD, STORAGE_CLASS, Api
 from .faults import Faults
 from .kubelet import Kubelet
 from .netns import PodNetwork
 from .rbac import AuditRecord, Rbac
 from .scheduler import Scheduler
 from .server import end_watches, make_app
+from .storage import DEFAULT_CLASS_ANNOTATION
 from .store import Obj, Store
+from .volumes import ImageUser, Volumes
 
 log = logging.getLogger("kube_sim")
 T = TypeVar("T")
@@ -55,6 +57,22 @@ _FAMILIES = {
     "T4": "turing",
     "V100": "volta",
 }
+
+
+# What a typical cloud cluster offers: a default zonal block-storage class that binds where the
+# first pod lands (as GKE's standard-rwo, EKS's gp3, AKS's managed-csi), ReadWriteOnce only
+STANDARD_CLASSES = [
+    {
+        "metadata": {
+            "name": "standard-rwo",
+            "annotations": {DEFAULT_CLASS_ANNOTATION: "true"},
+        },
+        "provisioner": "pd.csi.storage.gke.io",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+        "allowVolumeExpansion": True,
+    }
+]
 
 
 def mig_slices(profile: str, gpus: int, memory_mib: int) -> int:
@@ -320,9 +338,14 @@ class SimulatedCluster:
         scheduler_interval: float = 1.0,
         event_interval: float = 5.0,
         history_size: int = 1000,
+        images: dict[str, ImageUser] | None = None,
+        storage_classes: list[Obj] | None = None,
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
+        for storage_class in STANDARD_CLASSES if storage_classes is None else storage_classes:
+            self.api.create(STORAGE_CLASS, "", storage_class)
+        self.volumes = Volumes(self.api, images)
         self.faults = Faults(seed=seed)
         self.port = port
         self.url = ""
@@ -354,6 +377,7 @@ class SimulatedCluster:
             self._image_pull_delay,
             self._max_grace,
             self._crash_backoff,
+            volumes=self.volumes,
         )
         self.scheduler = Scheduler(
             self.api, self.faults, self._scheduler_interval, self._event_interval
@@ -379,6 +403,7 @@ class SimulatedCluster:
         if self.kubelet:
             await self.kubelet.stop()
         self.network.stop()
+        self.volumes.cleanup()
         self._server = None
 
     async def __aenter__(self) -> SimulatedCluster:

@@ -34,6 +34,7 @@ from .api import CONFIGMAP, NODE, POD, SECRET, TERMINAL_PHASES, Api, set_conditi
 from .gpus import DevicePlugin, image_env
 from .netns import NetworkError, PodNetwork
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
+from .volumes import Volumes
 
 log = logging.getLogger("kube_sim.kubelet")
 
@@ -105,9 +106,12 @@ class Kubelet:
         max_grace_seconds: float = 5.0,
         crash_backoff: float = 1.0,
         root_dir: str | None = None,
+        volumes: Volumes | None = None,
     ):
         self.api = api
         self.network = network
+        # mounts and the process's user (volumes.py); None: the kubelet's own user, no mounts
+        self.volumes = volumes
         self.api_url = api_url
         self.image_pull_delay = image_pull_delay
         self.max_grace_seconds = max_grace_seconds
@@ -319,6 +323,8 @@ class Kubelet:
             ]
 
         pod = self._status(run, creating)
+        if not await self._wait_attached(run):
+            return
         image = container["image"]
         self._event(pod, "Pulling", f'Pulling image "{image}"')
         if self.image_pull_delay:
@@ -343,6 +349,8 @@ class Kubelet:
                 self._report(run, container, {"waiting": waiting}, restarts, last_state)
                 await asyncio.sleep(max(self.crash_backoff, 0.5))
                 continue
+            if self.volumes:
+                argv, env = self.volumes.wrap(pod, container, argv, env, run.workdir)
             self._event(pod, "Created", f"Created container {container['name']}")
             try:
                 program = os.path.join(cwd, argv[0]) if "/" in argv[0] else argv[0]
@@ -425,6 +433,25 @@ class Kubelet:
                 "Warning",
             )
             await asyncio.sleep(backoff)
+
+    async def _wait_attached(self, run: PodRun) -> bool:
+        """Wait while a volume is attached to another node (the attach/detach controller's
+        FailedAttachVolume, the pod ContainerCreating); False if the pod went meanwhile."""
+        reported = ""
+        while self.volumes and not run.terminating:
+            pod = self.api.find(POD, run.namespace, run.name)
+            if pod is None:
+                return False
+            error = self.volumes.attach_error(pod)
+            if not error:
+                return True
+            if error != reported:
+                reported = error
+                self.api.record_event(
+                    pod, "FailedAttachVolume", error, "Warning", "attachdetach-controller"
+                )
+            await asyncio.sleep(0.5)
+        return not run.terminating
 
     async def _capture(self, run: PodRun) -> None:
         assert run.proc and run.proc.stdout
@@ -548,6 +575,8 @@ class Kubelet:
 
     def _remove(self, pod: Obj) -> None:
         meta = pod["metadata"]
+        if self.volumes:
+            self.volumes.forget(pod)
         self.runs.pop(meta["uid"], None)
         self._logs.pop((meta["namespace"], meta["name"]), None)
         current = self.api.find(POD, meta["namespace"], meta["name"])

@@ -12,9 +12,11 @@ import logging
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from . import storage
 from .api import NODE, POD, TERMINAL_PHASES, Api, set_condition
 from .faults import Faults
 from .store import ApiError, Obj, WatchEvent
@@ -172,15 +174,25 @@ class Placement:
     message: str  # the FailedScheduling message when node is None
 
 
-def place(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> Placement:
-    """Choose a node: every filter passes, then the tightest fit (least left over), then name."""
+NodeFilter = Callable[[Obj], str | None]
+
+
+def _no_filter(node: Obj) -> str | None:
+    return None
+
+
+def place(
+    pod: Obj, nodes: list[Obj], pods: list[Obj], volume_filter: NodeFilter = _no_filter
+) -> Placement:
+    """Choose a node: every filter passes, then the tightest fit (least left over), then name.
+    `volume_filter` says why the pod's volumes rule a node out (storage.node_reason)."""
     if not nodes:
         return Placement(None, "no nodes available to schedule pods")
     requests = pod_requests(pod)
     reasons: Counter[str] = Counter()
     fits: list[tuple[Fraction, str]] = []
     for node in nodes:
-        reason = static_reason(pod, node)
+        reason = static_reason(pod, node) or volume_filter(node)
         if reason:
             reasons[reason] += 1
             continue
@@ -205,14 +217,16 @@ def place(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> Placement:
     return Placement(None, f"0/{len(nodes)} nodes are available: {detail}.")
 
 
-def preemption_plan(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[str, list[Obj]] | None:
+def preemption_plan(
+    pod: Obj, nodes: list[Obj], pods: list[Obj], volume_filter: NodeFilter = _no_filter
+) -> tuple[str, list[Obj]] | None:
     """The node and the fewest, lowest-priority victims whose eviction lets the pod fit."""
     if pod["spec"].get("preemptionPolicy") == "Never":
         return None  # kube-scheduler's DefaultPreemption: such a pod never evicts others
     requests, mine = pod_requests(pod), priority(pod)
     plans = []
     for node in nodes:
-        if static_reason(pod, node):
+        if static_reason(pod, node) or volume_filter(node):
             continue
         name = node["metadata"]["name"]
         candidates = sorted(
@@ -276,7 +290,7 @@ class Scheduler:
                 await self._task
 
     def _on_change(self, event: WatchEvent) -> None:
-        if event.key[1] in ("Pod", "Node"):
+        if event.key[1] in ("Pod", "Node", "PersistentVolumeClaim"):
             self._wake.set()
 
     async def _run(self) -> None:
@@ -315,14 +329,22 @@ class Scheduler:
         for pod in self._pending():
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
             nodes = self.api.list(NODE)
-            placement = place(pod, nodes, self.api.list(POD))
+            unresolvable = storage.prefilter(self.api, pod, self.api.list(POD))
+            if unresolvable:
+                self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {unresolvable}.")
+                continue
+
+            def volumes(node: Obj, pod: Obj = pod) -> str | None:
+                return storage.node_reason(self.api, pod, node)
+
+            placement = place(pod, nodes, self.api.list(POD), volumes)
             if placement.node is None:
-                plan = preemption_plan(pod, nodes, self.api.list(POD))
+                plan = preemption_plan(pod, nodes, self.api.list(POD), volumes)
                 if plan is None:
                     self._unschedulable(pod, placement.message)
                     continue
                 self._preempt(pod, *plan)
-                placement = place(pod, nodes, self.api.list(POD))
+                placement = place(pod, nodes, self.api.list(POD), volumes)
                 if placement.node is None:
                     continue
             if self.faults.bind_delay:
@@ -330,10 +352,11 @@ class Scheduler:
                 current = self.api.find(POD, ns, name)
                 if current is None or current["spec"].get("nodeName"):
                     continue
-                placement = place(current, self.api.list(NODE), self.api.list(POD))
+                placement = place(current, self.api.list(NODE), self.api.list(POD), volumes)
                 if placement.node is None:
                     continue
             try:
+                storage.bind_for(self.api, pod, self.api.get(NODE, "", placement.node))
                 bound = self.api.bind(ns, name, placement.node)
             except ApiError as e:
                 log.info("bind %s/%s failed: %s", ns, name, e.message)

@@ -1,0 +1,224 @@
+"""What a pod's process sees of its volumes, and as whom it runs.
+
+Each PersistentVolume is a directory on the host, created as a fresh ext4 volume arrives: owned
+by root, mode 0755. A pod's process starts in a private mount namespace of its own where every
+volume is bind-mounted at its container's mountPath (subPath and readOnly too), then drops to
+the pod's user with `setpriv`: the container's or pod's securityContext runAsUser/runAsGroup,
+else the image's user (`images`, a table the tests set, as an image's USER would), with fsGroup
+and supplementalGroups as extra groups. fsGroup is applied to each volume before it is mounted
+as the kubelet does (pkg/volume/volume_linux.go: group set to fsGroup, files g+rw, directories
+g+rwx and setgid; fsGroupChangePolicy OnRootMismatch skips a volume whose root already
+matches). So a non-root server can write a fresh home only if the pod says fsGroup.
+
+The simulated "image" is this machine: the Python the pods run lives where its user may not
+reach it (e.g. under /root). The paths named in `image_paths` are made readable in the pod's
+namespace, as an image's own files are: an unreachable ancestor is covered by an empty tmpfs
+and the path bound back into it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import storage
+from .api import PERSISTENT_VOLUME_CLAIM, POD, Api
+from .store import Obj
+
+
+@dataclass(frozen=True)
+class ImageUser:
+    """The user an image runs as (its USER) and that user's home (HOME, the WORKDIR)."""
+
+    uid: int
+    gid: int
+    home: str
+
+
+ROOT_USER = ImageUser(0, 0, "")
+
+
+@dataclass(frozen=True)
+class ProcessUser:
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def image_name(image: str) -> str:
+    """An image reference without its tag or digest ("gputap/singleuser:0.1": the name
+    "gputap/singleuser")."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def process_user(pod: Obj, container: Obj, images: dict[str, ImageUser]) -> ProcessUser:
+    """Whom the container's process runs as: its securityContext, the pod's, then the image."""
+    image = images.get(image_name(container.get("image", "")), ROOT_USER)
+    pod_ctx = pod["spec"].get("securityContext") or {}
+    ctx = {**pod_ctx, **(container.get("securityContext") or {})}
+    uid = ctx.get("runAsUser", image.uid)
+    # the runtime takes the group from the image's passwd entry, which only its user has
+    gid = ctx.get("runAsGroup", image.gid if uid == image.uid else 0)
+    groups = [g for g in (pod_ctx.get("fsGroup"),) if g is not None]
+    groups += [g for g in pod_ctx.get("supplementalGroups") or [] if g not in groups]
+    home = image.home if uid == image.uid else ""
+    return ProcessUser(int(uid), int(gid), tuple(int(g) for g in groups), home)
+
+
+def apply_fs_group(path: str, gid: int, read_only: bool = False, policy: str = "Always") -> None:
+    """Give a volume to group `gid` as the kubelet does for fsGroup."""
+    root = os.stat(path)
+    wanted = 0o440 if read_only else 0o660
+    dir_wanted = wanted | 0o110 | stat.S_ISGID
+    if (
+        policy == "OnRootMismatch"
+        and root.st_gid == gid
+        and (root.st_mode & dir_wanted) == dir_wanted
+    ):
+        return
+    for top, _dirs, files in os.walk(path):
+        for name, mask in [(top, dir_wanted)] + [(os.path.join(top, f), wanted) for f in files]:
+            info = os.lstat(name)
+            if stat.S_ISLNK(info.st_mode):
+                continue
+            os.chown(name, -1, gid)
+            os.chmod(name, stat.S_IMODE(info.st_mode) | mask)
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The topmost ancestor of `path` that others may not enter, if any."""
+    parts = Path(path).parts
+    for i in range(2, len(parts) + 1):
+        ancestor = str(Path(*parts[:i]))
+        if not os.stat(ancestor).st_mode & stat.S_IXOTH:
+            return ancestor
+    return None
+
+
+class Volumes:
+    """Volume directories on the host and the launch wrapper of each pod's process."""
+
+    def __init__(
+        self,
+        api: Api,
+        images: dict[str, ImageUser] | None = None,
+        image_paths: list[str] | None = None,
+    ):
+        self.api = api
+        self.images = dict(images or {})
+        self.image_paths = image_paths if image_paths is not None else [sys.base_prefix]
+        self._tmp = tempfile.TemporaryDirectory(prefix="kube-sim-volumes-")
+        self.root = self._tmp.name
+
+    def cleanup(self) -> None:
+        self._tmp.cleanup()
+
+    def volume_dir(self, pv_name: str) -> str:
+        """A PersistentVolume's directory, made as a fresh volume arrives (root, 0755)."""
+        path = os.path.join(self.root, "pv", pv_name)
+        if not os.path.isdir(path):
+            os.makedirs(path)
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o755)
+        return path
+
+    def attach_error(self, pod: Obj) -> str | None:
+        """The Multi-Attach error that keeps the pod ContainerCreating, or None."""
+        conflict = storage.attach_conflict(self.api, pod, self.api.list(POD))
+        return storage.multi_attach_message(*conflict) if conflict else None
+
+    def _sources(self, pod: Obj) -> dict[str, tuple[str, bool]]:
+        """Host directory and read-only flag of every volume a mount can name, by volume."""
+        ns = pod["metadata"]["namespace"]
+        sources: dict[str, tuple[str, bool]] = {}
+        for volume in pod["spec"].get("volumes") or []:
+            if volume.get("persistentVolumeClaim"):
+                ref = volume["persistentVolumeClaim"]
+                claim = self.api.find(PERSISTENT_VOLUME_CLAIM, ns, ref["claimName"])
+                pv_name = (claim or {}).get("spec", {}).get("volumeName")
+                if pv_name:
+                    sources[volume["name"]] = (self.volume_dir(pv_name), bool(ref.get("readOnly")))
+            elif "emptyDir" in volume:
+                path = os.path.join(self.root, "pods", pod["metadata"]["uid"], volume["name"])
+                os.makedirs(path, exist_ok=True)
+                os.chmod(path, 0o777)
+                sources[volume["name"]] = (path, False)
+        return sources
+
+    def wrap(
+        self, pod: Obj, container: Obj, argv: list[str], env: dict[str, str], workdir: str
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line that runs `argv` in the pod's mount namespace as the pod's user,
+        and its environment (HOME the user's home unless the container sets it)."""
+        user = process_user(pod, container, self.images)
+        mounts = container.get("volumeMounts") or []
+        if user.uid == 0 and not mounts:
+            return argv, env
+        sources = self._sources(pod)
+        fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        policy = (pod["spec"].get("securityContext") or {}).get("fsGroupChangePolicy", "Always")
+        lines = ["set -e"]
+        if fs_group is not None:
+            for path, read_only in sources.values():
+                apply_fs_group(path, int(fs_group), read_only, policy)
+        if user.uid != 0:
+            lines += self._expose_image(pod)
+        for mount in mounts:
+            if mount["name"] not in sources:
+                continue
+            path, read_only = sources[mount["name"]]
+            if mount.get("subPath"):
+                path = os.path.join(path, mount["subPath"])
+                os.makedirs(path, exist_ok=True)
+            target = shlex.quote(mount["mountPath"])
+            lines += [f"mkdir -p {target}", f"mount --bind {shlex.quote(path)} {target}"]
+            if read_only or mount.get("readOnly"):
+                lines.append(f"mount -o remount,bind,ro {target}")
+        home = user.home or (workdir if user.uid == 0 else "/")
+        if not any(e["name"] == "HOME" for e in container.get("env") or []):
+            env = {**env, "HOME": home}
+        start_dir = container.get("workingDir") or home
+        lines.append(f"cd {shlex.quote(start_dir)} 2>/dev/null || cd /")
+        if user.uid != 0 or user.gid != 0 or user.groups:
+            groups = ",".join(str(g) for g in user.groups)
+            drop = f"setpriv --reuid={user.uid} --regid={user.gid} " + (
+                f"--groups={groups}" if groups else "--clear-groups"
+            )
+            lines.append(f'exec {drop} -- "$@"')
+        else:
+            lines.append('exec "$@"')
+        wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+        return [*wrapper, "\n".join(lines), "sh", *argv], env
+
+    def _expose_image(self, pod: Obj) -> list[str]:
+        """Shell lines making the image's paths readable under ancestors its user cannot enter."""
+        stage = os.path.join(self.root, "stage", pod["metadata"]["uid"])
+        hidden = [(p, a) for p in self.image_paths if (a := _hidden_ancestor(p)) is not None]
+        lines, covers, back = [], [], []
+        for i, (path, ancestor) in enumerate(hidden):
+            staged = os.path.join(stage, str(i))
+            os.makedirs(staged, exist_ok=True)
+            lines.append(f"mount --bind {shlex.quote(path)} {shlex.quote(staged)}")
+            back += [
+                f"mkdir -p {shlex.quote(path)}",
+                f"mount --move {shlex.quote(staged)} {shlex.quote(path)}",
+            ]
+            if ancestor not in covers:
+                covers.append(ancestor)
+        lines += [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
+        return lines + back
+
+    def forget(self, pod: Obj) -> None:
+        """Remove a finished pod's emptyDir volumes and staging directories."""
+        for part in ("pods", "stage"):
+            shutil.rmtree(os.path.join(self.root, part, pod["metadata"]["uid"]), ignore_errors=True)
