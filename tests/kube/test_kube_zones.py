@@ -4,14 +4,20 @@ are placed in the home's zone."""
 
 import pytest
 
-from tests.kube.conftest import create_priority_classes, kube_api, singleuser_image_user
+from tests.kube.conftest import (
+    BILLING_ACCOUNT,
+    HUB_ACCOUNT,
+    install_gputap,
+    refused,
+    singleuser_image_user,
+)
 from tests.kube.test_kube_spawn import pod_of
 from tests.kube_sim.cluster import SimulatedCluster, gpu_node_spec
 from tests.kube_sim.storage import ZONE_LABEL
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(chart_rbac):
     images = {"gputap/singleuser": singleuser_image_user()}
     with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0, images=images) as c:
         a100 = gpu_node_spec("gpu-a100", gpus=8, cpu="128", memory="2Ti")
@@ -19,9 +25,9 @@ def cluster():
         for spec, zone in ((a100, "zone-a"), (l40s, "zone-b")):
             spec["labels"][ZONE_LABEL] = zone
             c.add_node(**spec)
-        kube_api(c).create_namespace({"metadata": {"name": "gputap"}})
-        create_priority_classes(c)
+        install_gputap(c, chart_rbac)
         yield c
+        assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
 
 
 def test_servers_are_placed_in_the_zone_of_their_home(platform, cluster):
