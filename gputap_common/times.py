@@ -13,6 +13,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 
+#: node clock offsets up to this are taken as none (kubelet latency and whole seconds)
+CLOCK_TOLERANCE = timedelta(seconds=5)
+
+
 def parse_kube_time(value: str | None) -> datetime | None:
     """A Kubernetes RFC 3339 time ("2026-11-29T19:00:00Z") as an aware datetime."""
     if not value:
@@ -26,7 +30,8 @@ def node_clock_offset(pod: Mapping[str, Any]) -> timedelta:
     The API server marks a pod scheduled when it binds it (condition ``PodScheduled``, by its
     own clock); the node's kubelet takes the pod moments later and writes ``status.startTime``
     by the node's clock. The difference is the node's offset plus that moment (well under a
-    second on a healthy node). Zero when the pod shows neither yet."""
+    second on a healthy node, seconds on a busy one). Zero when the pod shows neither yet, and
+    when it is within :data:`CLOCK_TOLERANCE`."""
     status = pod.get("status") or {}
     taken = parse_kube_time(status.get("startTime"))
     bound = next(
@@ -39,7 +44,10 @@ def node_clock_offset(pod: Mapping[str, Any]) -> timedelta:
     )
     if taken is None or bound is None:
         return timedelta(0)
-    return taken - bound
+    offset = taken - bound
+    # both written to the second, and the kubelet's moment grows on a busy node: an offset this
+    # small cannot be told from them, and taking it would move a healthy node's times
+    return offset if abs(offset) > CLOCK_TOLERANCE else timedelta(0)
 
 
 def pod_time(pod: Mapping[str, Any], value: str | None) -> datetime | None:

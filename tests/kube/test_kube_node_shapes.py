@@ -6,7 +6,13 @@ servers land."""
 import pytest
 
 from tests.integration.test_form import row
-from tests.kube.conftest import BILLING_ACCOUNT, HUB_ACCOUNT, install_gputap, refused
+from tests.kube.conftest import (
+    BILLING_ACCOUNT,
+    HUB_ACCOUNT,
+    install_gputap,
+    refused,
+    singleuser_image_user,
+)
 from tests.kube.test_kube_spawn import pod_of
 from tests.kube_sim.cluster import SimulatedCluster, gpu_node_spec
 from tests.kube_sim.scheduler import parse_quantity
@@ -14,7 +20,8 @@ from tests.kube_sim.scheduler import parse_quantity
 
 @pytest.fixture(scope="module")
 def cluster(chart_rbac):
-    with SimulatedCluster.run_in_thread(seed=3, event_interval=1.0) as c:
+    images = {"gputap/singleuser": singleuser_image_user()}
+    with SimulatedCluster.run_in_thread(seed=3, event_interval=1.0, images=images) as c:
         # 8 H100s split all-1g.10gb under the single strategy: 56 slices as nvidia.com/gpu
         c.gpu_node("h100-single", product="NVIDIA-H100-80GB-HBM3", mig="all-1g.10gb",
                    mig_strategy="single", cpu="128", memory="2Ti")  # fmt: skip
