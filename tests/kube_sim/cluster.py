@@ -30,6 +30,7 @@ from .kubelet import Kubelet
 from .scheduler import Scheduler
 from .server import end_watches, make_app
 from .store import Obj, Store
+from .tls import ServingCertificate
 
 log = logging.getLogger("kube_sim")
 T = TypeVar("T")
@@ -134,6 +135,7 @@ class SimulatedCluster:
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
         self._server: tornado.httpserver.HTTPServer | None = None
+        self._tls_servers: list[tornado.httpserver.HTTPServer] = []
         self._app = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -157,14 +159,31 @@ class SimulatedCluster:
         log.info("simulated cluster listening on %s", self.url)
         return self
 
+    def serve_tls(self, certificate: ServingCertificate) -> int:
+        """Serve the same API over HTTPS on another free 127.0.0.1 port, with
+        ``certificate``, for in-cluster clients (tls.py); returns that port."""
+        assert self._app is not None, "start the cluster first"
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = tornado.httpserver.HTTPServer(self._app, ssl_options=certificate.server_context())
+        server.add_sockets(sockets)
+        self._tls_servers.append(server)
+        port = sockets[0].getsockname()[1]
+        log.info("simulated cluster listening on https://127.0.0.1:%s", port)
+        return port
+
     async def stop(self) -> None:
         """Stop serving, end open watches, kill every pod process."""
         if self._server is None:
             return
         self._server.stop()
+        for server in self._tls_servers:
+            server.stop()
         end_watches(self._app)
         await asyncio.sleep(0.01)
         await self._server.close_all_connections()
+        for server in self._tls_servers:
+            await server.close_all_connections()
+        self._tls_servers = []
         if self.scheduler:
             await self.scheduler.stop()
         if self.kubelet:
@@ -335,6 +354,9 @@ class ClusterThread:
 
     def write_kubeconfig(self, path: str, namespace: str = "default") -> str:
         return self.cluster.write_kubeconfig(path, namespace)
+
+    def serve_tls(self, certificate: ServingCertificate) -> int:
+        return self.call(self.cluster.serve_tls, certificate)
 
     def stop(self) -> None:
         """Stop the cluster and its thread; idempotent."""
