@@ -122,6 +122,7 @@ class SimulatedCluster:
         scheduler_interval: float = 1.0,
         event_interval: float = 5.0,
         history_size: int = 1000,
+        scheduler_names: tuple[str, ...] = ("default-scheduler",),
     ):
         self.api = Api(Store(history_size=history_size))
         self.faults = Faults(seed=seed)
@@ -132,6 +133,7 @@ class SimulatedCluster:
         self._crash_backoff = crash_backoff
         self._scheduler_interval = scheduler_interval
         self._event_interval = event_interval
+        self._scheduler_names = scheduler_names
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
         self._server: tornado.httpserver.HTTPServer | None = None
@@ -149,7 +151,11 @@ class SimulatedCluster:
             self.api, self.url, self._image_pull_delay, self._max_grace, self._crash_backoff
         )
         self.scheduler = Scheduler(
-            self.api, self.faults, self._scheduler_interval, self._event_interval
+            self.api,
+            self.faults,
+            self._scheduler_interval,
+            self._event_interval,
+            self._scheduler_names,
         )
         self._app = make_app(self.api, self.faults, self.kubelet.logs)
         self._server = tornado.httpserver.HTTPServer(self._app)
