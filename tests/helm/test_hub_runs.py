@@ -59,8 +59,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 NAMESPACE = test_chart.RELEASE["namespace"]
 EXAMPLE = test_chart.CHART / "examples" / "minimal-sqlite.yaml"
-#: the service account token every pod is given. The simulated API server accepts any token
-#: for now; where it issues ServiceAccount tokens, the hub's (ServiceAccount `hub`) goes here.
+#: the token in every pod's service account volume: the simulated API server accepts any
+#: token for now (it authenticates none); the `release` fixture maps each ServiceAccount to it
 SERVICE_ACCOUNT_TOKEN = "kube-sim"
 #: where the test stands in for the Services' cluster IPs and for the pods' addresses
 LOOPBACK = "127.0.0.1"
@@ -132,10 +132,18 @@ def wait_ports_free(pods: list[dict], timeout: float = 60) -> None:
 class Release:
     """The rendered release's hub, proxy and billing pods, running."""
 
-    def __init__(self, manifests: Manifests, cluster, root: Path, api_port: int, ca_cert: Path):
+    def __init__(
+        self,
+        manifests: Manifests,
+        root: Path,
+        api_port: int,
+        ca_cert: Path,
+        tokens: dict[str, str],
+    ):
+        """``tokens``: each ServiceAccount's token, by name, for the pods that run as it."""
         self.manifests = manifests
-        self.cluster = cluster
         self.root = root
+        self.tokens = tokens
         self.procs: dict[str, subprocess.Popen] = {}
         services = manifests.of_kind("Service")
         kubernetes_service = {
@@ -175,6 +183,7 @@ class Release:
         deployment = self.manifests.one("Deployment", deployment_name)
         pod_spec = deployment["spec"]["template"]["spec"]
         pod_name = f"{deployment_name}-0"
+        token = self.tokens[pod_spec.get("serviceAccountName") or "default"]
         folder = self.root / f"{pod_name}{tag}"
         (folder / "home").mkdir(parents=True)
         base = {**self.image_environment(pod_name), **self.service_env}
@@ -183,7 +192,7 @@ class Release:
         env = container_environment(container, self.manifests, fields, base)
         mounts = [
             hosts_mount(folder, pod_name, self.service_names, LOOPBACK),
-            service_account_mount(folder, SERVICE_ACCOUNT_TOKEN, self.ca_cert, NAMESPACE),
+            service_account_mount(folder, token, self.ca_cert, NAMESPACE),
             *container_mounts(pod_spec, container, self.manifests, folder / "volumes", self.claims),
         ]
         log = self.root / f"{deployment_name}{tag}.log"
@@ -280,7 +289,11 @@ def release(manifests, cluster, tmp_path_factory):
     api_port = cluster.serve_tls(certificate)
     pods = [manifests.one("Deployment", name) for name in ("hub", "proxy", "gputap-billing")]
     wait_ports_free(pods)
-    r = Release(manifests, cluster, root, api_port, certificate.ca_cert)
+    # the hub's own (ServiceAccount `hub`), billing's (`gputap-billing`), and the proxy's
+    # (`default`): the place for the tokens the cluster issues each ServiceAccount
+    accounts = ["default", *(a["metadata"]["name"] for a in manifests.of_kind("ServiceAccount"))]
+    tokens = {account: SERVICE_ACCOUNT_TOKEN for account in accounts}
+    r = Release(manifests, root, api_port, certificate.ca_cert, tokens)
     try:
         r.start()
         r.wait_up(f"{PROXY}/hub/health")
@@ -365,6 +378,13 @@ def parse(stamp: str) -> datetime:
 
 
 def test_the_hub_is_gputap_on_z2jh_config_with_custom_gputap(release):
+    log = (release.root / "hub.log").read_text()
+    # z2jh's files read the mounted Secret, then run the chart's extraConfig
+    assert "Loading /usr/local/etc/jupyterhub/secret/values.yaml" in log
+    assert "Loading extra config: gputap" in log
+    assert "Using Spawner: spawner.kube.spawner.GPUKubeSpawner" in log
+    # the hub saw them in its own mount namespace, not on this machine
+    assert not Path("/usr/local/etc/jupyterhub").exists()
     page = sign_in("ada").get(f"{PROXY}/hub/spawn", timeout=30).content.decode()
     # GPUKubeSpawner's form: the MIG node's slices, read from the cluster in-cluster, at the
     # card's price over 7 (12.00/h for an H100-80GB); the trial credit of custom.gputap
