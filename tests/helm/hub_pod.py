@@ -178,6 +178,15 @@ def container_mounts(
     return mounts
 
 
+def automounts_token(pod_spec: dict, manifests: Manifests, account: str) -> bool:
+    """Whether the pod gets its service account's token: the pod's
+    ``automountServiceAccountToken``, else the rendered ServiceAccount's, else yes."""
+    if pod_spec.get("automountServiceAccountToken") is not None:
+        return bool(pod_spec["automountServiceAccountToken"])
+    accounts = [a for a in manifests.of_kind("ServiceAccount") if a["metadata"]["name"] == account]
+    return all(a.get("automountServiceAccountToken", True) for a in accounts)
+
+
 def service_account_mount(root: Path, token: str, ca_cert: Path, namespace: str) -> Mount:
     """The projected service account volume every pod gets unless it opts out."""
     folder = root / "serviceaccount"

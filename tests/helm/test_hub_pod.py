@@ -6,6 +6,7 @@ from pathlib import Path
 from tests.helm.hub_pod import (
     Manifests,
     Mount,
+    automounts_token,
     container_environment,
     container_mounts,
     run_in_pod,
@@ -85,3 +86,21 @@ def test_environment_and_volumes_come_from_the_rendered_objects(tmp_path):
         (Path("config"), "/etc/x/config"),
     ]
     assert (tmp_path / "config" / "b").read_text() == "B"
+
+
+def test_the_token_is_mounted_unless_the_pod_or_its_account_opts_out():
+    manifests = Manifests(
+        [
+            {"kind": "ServiceAccount", "metadata": {"name": "quiet"}},
+            {
+                "kind": "ServiceAccount",
+                "metadata": {"name": "none"},
+                "automountServiceAccountToken": False,
+            },
+        ]
+    )
+    assert automounts_token({}, manifests, "default")
+    assert automounts_token({}, manifests, "quiet")
+    assert not automounts_token({}, manifests, "none")
+    assert automounts_token({"automountServiceAccountToken": True}, manifests, "none")
+    assert not automounts_token({"automountServiceAccountToken": False}, manifests, "quiet")

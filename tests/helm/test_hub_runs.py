@@ -43,6 +43,7 @@ import yaml
 from tests.helm import test_chart
 from tests.helm.hub_pod import (
     Manifests,
+    automounts_token,
     container_argv,
     container_environment,
     container_mounts,
@@ -183,7 +184,7 @@ class Release:
         deployment = self.manifests.one("Deployment", deployment_name)
         pod_spec = deployment["spec"]["template"]["spec"]
         pod_name = f"{deployment_name}-0"
-        token = self.tokens[pod_spec.get("serviceAccountName") or "default"]
+        account = pod_spec.get("serviceAccountName") or "default"
         folder = self.root / f"{pod_name}{tag}"
         (folder / "home").mkdir(parents=True)
         base = {**self.image_environment(pod_name), **self.service_env}
@@ -192,9 +193,11 @@ class Release:
         env = container_environment(container, self.manifests, fields, base)
         mounts = [
             hosts_mount(folder, pod_name, self.service_names, LOOPBACK),
-            service_account_mount(folder, token, self.ca_cert, NAMESPACE),
             *container_mounts(pod_spec, container, self.manifests, folder / "volumes", self.claims),
         ]
+        if automounts_token(pod_spec, self.manifests, account):
+            token = self.tokens[account]
+            mounts.append(service_account_mount(folder, token, self.ca_cert, NAMESPACE))
         log = self.root / f"{deployment_name}{tag}.log"
         read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem")
         argv = container_argv(container, env)
@@ -400,15 +403,16 @@ def test_a_mig_slice_server_is_metered_to_the_second(release, cluster):
     r = s.post(f"{PROXY}/hub/api/users/bea/server", json={"user_options": options}, timeout=90)
     assert r.status_code in (201, 202), r.text
     wait_ready(s, "bea", release)
-    token = user_token(s, "bea")
-    # the server answers through the proxy, signed in with the hub's OAuth
-    status = requests.get(f"{PROXY}/user/bea/api/status", headers=token, timeout=30)
-    assert status.status_code == 200, status.text
     (pod,) = [
         p
         for p in cluster.pods(NAMESPACE)
         if p["metadata"]["labels"].get("hub.jupyter.org/username") == "bea"
     ]
+    token = user_token(s, "bea")
+    # the server answers through the proxy, signed in with the hub's OAuth (another cluster's
+    # pod on this machine with the same loopback address would answer instead: named below)
+    status = requests.get(f"{PROXY}/user/bea/api/status", headers=token, timeout=30)
+    assert status.status_code == 200, (pod["status"]["podIP"], status.text[:300])
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/mig-1g.10gb"] == "1" and "nvidia.com/gpu" not in limits
     assert pod["spec"]["nodeName"] == "gpu-h100"
