@@ -22,6 +22,10 @@ pieces find each other, and why:
   `custom.gputap.spawner.kubernetes.hub_connect_url` to the hub's port on 127.0.0.1 (the
   setting exists for hubs that servers reach another way), and the servers' command to this
   machine's jupyterhub-singleuser, as the Kubernetes tests do.
+
+Not stood in for: the images (this machine's virtualenv and node_modules play the hub, billing
+and proxy images), `runAsUser` (the pods run as root here), probes, NetworkPolicies, and
+routing through the Services.
 """
 
 from __future__ import annotations
