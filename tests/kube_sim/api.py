@@ -12,6 +12,7 @@ import copy
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from . import storage
@@ -298,6 +299,11 @@ class Api:
             spec.setdefault("terminationGracePeriodSeconds", 30)
             spec.setdefault("schedulerName", "default-scheduler")
             spec.setdefault("dnsPolicy", "ClusterFirst")
+            for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+                for amounts in (container.get("resources") or {}).values():
+                    for key, amount in amounts.items():
+                        if isinstance(amount, int | float) and not isinstance(amount, bool):
+                            amounts[key] = canonical_quantity(amount)
             pc_name = spec.get("priorityClassName")
             if pc_name:
                 pc = self.find(PRIORITY_CLASS, "", pc_name)
@@ -553,6 +559,27 @@ def _fold_string_data(obj: Obj) -> None:
         data = obj.setdefault("data", {})
         for k, v in string_data.items():
             data[k] = base64.b64encode(v.encode()).decode()
+
+
+#: decimal SI suffixes, largest first, by power of ten
+_DECIMAL_SI = [("E", 18), ("P", 15), ("T", 12), ("G", 9), ("M", 6), ("k", 3), ("", 0), ("m", -3)]
+
+
+def canonical_quantity(number: int | float) -> str:
+    """A quantity sent as a JSON number, as the API server stores and answers it: apimachinery's
+    Quantity parses unquoted numbers, rounds them up to three decimals (0.0001 -> "1m") and
+    serializes the canonical form, the largest suffix that leaves an integer (1.71 -> "1710m",
+    2000 -> "2k"); see k8s.io/apimachinery/pkg/api/resource/quantity.go."""
+    milli = int((Decimal(str(number)) * 1000).to_integral_value(rounding=ROUND_CEILING))
+    if milli == 0:
+        return "0"
+    # "m" (10**0 milli) divides every integer, so one always fits
+    suffix, factor = next(
+        (suffix, 10 ** (power + 3))
+        for suffix, power in _DECIMAL_SI
+        if milli % 10 ** (power + 3) == 0
+    )
+    return f"{milli // factor}{suffix}"
 
 
 def _qos_class(spec: Obj) -> str:

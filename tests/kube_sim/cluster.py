@@ -38,6 +38,7 @@ from .server import end_watches, make_app
 from .storage import DEFAULT_CLASS_ANNOTATION
 from .store import Obj, Store
 from .volumes import ImageUser, Volumes
+from .tls import ServingCertificate
 
 log = logging.getLogger("kube_sim")
 T = TypeVar("T")
@@ -340,6 +341,7 @@ class SimulatedCluster:
         history_size: int = 1000,
         images: dict[str, ImageUser] | None = None,
         storage_classes: list[Obj] | None = None,
+        scheduler_names: tuple[str, ...] = ("default-scheduler",),
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
@@ -354,10 +356,12 @@ class SimulatedCluster:
         self._crash_backoff = crash_backoff
         self._scheduler_interval = scheduler_interval
         self._event_interval = event_interval
+        self._scheduler_names = scheduler_names
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
         self.network = PodNetwork()
         self._server: tornado.httpserver.HTTPServer | None = None
+        self._tls_servers: list[tornado.httpserver.HTTPServer] = []
         self._app = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -380,7 +384,11 @@ class SimulatedCluster:
             volumes=self.volumes,
         )
         self.scheduler = Scheduler(
-            self.api, self.faults, self._scheduler_interval, self._event_interval
+            self.api,
+            self.faults,
+            self._scheduler_interval,
+            self._event_interval,
+            self._scheduler_names,
         )
         self._app = make_app(self.api, self.faults, self.kubelet.logs, self.rbac)
         self._server = tornado.httpserver.HTTPServer(self._app)
@@ -390,14 +398,31 @@ class SimulatedCluster:
         log.info("simulated cluster listening on %s", self.url)
         return self
 
+    def serve_tls(self, certificate: ServingCertificate) -> int:
+        """Serve the same API over HTTPS on another free 127.0.0.1 port, with
+        ``certificate``, for in-cluster clients (tls.py); returns that port."""
+        assert self._app is not None, "start the cluster first"
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = tornado.httpserver.HTTPServer(self._app, ssl_options=certificate.server_context())
+        server.add_sockets(sockets)
+        self._tls_servers.append(server)
+        port = sockets[0].getsockname()[1]
+        log.info("simulated cluster listening on https://127.0.0.1:%s", port)
+        return port
+
     async def stop(self) -> None:
         """Stop serving, end open watches, kill every pod process."""
         if self._server is None:
             return
         self._server.stop()
+        for server in self._tls_servers:
+            server.stop()
         end_watches(self._app)
         await asyncio.sleep(0.01)
         await self._server.close_all_connections()
+        for server in self._tls_servers:
+            await server.close_all_connections()
+        self._tls_servers = []
         if self.scheduler:
             await self.scheduler.stop()
         if self.kubelet:
@@ -654,6 +679,9 @@ class ClusterThread:
 
     def write_kubeconfig(self, path: str, namespace: str = "default", token: str = "") -> str:
         return self.cluster.write_kubeconfig(path, namespace, token)
+
+    def serve_tls(self, certificate: ServingCertificate) -> int:
+        return self.call(self.cluster.serve_tls, certificate)
 
     def stop(self) -> None:
         """Stop the cluster and its thread; idempotent."""

@@ -267,9 +267,14 @@ class Scheduler:
         faults: Faults,
         retry_interval: float = 1.0,
         event_interval: float = 5.0,
+        names: tuple[str, ...] = ("default-scheduler",),
     ):
         self.api = api
         self.faults = faults
+        # a pod is placed only by the scheduler its spec.schedulerName names; a second name
+        # stands in for a second scheduler Deployment, such as z2jh's user-scheduler (a
+        # kube-scheduler whose profile carries that name)
+        self.names = names
         self.retry_interval = retry_interval
         self.event_interval = event_interval
         self._wake = asyncio.Event()
@@ -313,7 +318,7 @@ class Scheduler:
             if not p["spec"].get("nodeName")
             and not p["metadata"].get("deletionTimestamp")
             and p["status"].get("phase") == "Pending"
-            and p["spec"].get("schedulerName", "default-scheduler") == "default-scheduler"
+            and p["spec"].get("schedulerName", "default-scheduler") in self.names
         ]
         return sorted(
             pending,

@@ -1,5 +1,7 @@
 """The simulated scheduler: pods land only where GPUs, MIG slices, selectors and taints allow."""
 
+import time
+
 import kubernetes.client
 import pytest
 
@@ -145,3 +147,18 @@ def test_unknown_priority_class_is_refused(v1):
     with pytest.raises(kubernetes.client.ApiException) as e:
         v1.create_namespaced_pod("default", gpu_pod("x", {}, priorityClassName="nope"))
     assert e.value.status == 403
+
+
+def test_a_pod_naming_another_scheduler_waits_for_that_scheduler(v1, cluster):
+    """kube-scheduler places only pods whose spec.schedulerName is one of its profiles'."""
+    body = gpu_pod("picky", {"nvidia.com/gpu": "1"}, schedulerName="user-scheduler")
+    v1.create_namespaced_pod("default", body)
+    time.sleep(1.5)  # a scheduling pass (1 s) went by
+    assert node_of(v1, "picky") is None and failed_scheduling(v1, "picky") == []
+    with SimulatedCluster.run_in_thread(scheduler_names=("user-scheduler",)) as other:
+        other.gpu_node("a100-2", gpus=1)
+        other_v1 = kubernetes.client.CoreV1Api(
+            kubernetes.client.ApiClient(kubernetes.client.Configuration(host=other.url))
+        )
+        other_v1.create_namespaced_pod("default", body)
+        assert wait_for(lambda: node_of(other_v1, "picky")) == "a100-2"

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import requests
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
@@ -153,3 +154,24 @@ def test_discovery_endpoints(core):
     version = VersionApi(core.api_client).get_code()
     assert version.major == "1"
     assert core.get_api_resources().group_version == "v1"
+
+
+def test_resource_quantities_written_as_numbers_come_back_as_strings(core, ns):
+    """The API server parses a quantity sent as a JSON number (KubeSpawner sends
+    cpu_guarantee as a float) and answers its canonical string: clients model quantities as
+    strings, and the sync client refuses a pod whose cpu is a number."""
+    resources = {
+        "requests": {"cpu": 1.71, "memory": "17G"},
+        "limits": {"cpu": 2, "x.io/y": 0.5, "x.io/z": 2000, "x.io/w": 0.0001},
+    }
+    body = pod_body("numbers", resources=resources)
+    # the typed client would send strings: post the JSON as KubeSpawner's client does
+    host = core.api_client.configuration.host
+    created = requests.post(f"{host}/api/v1/namespaces/{ns}/pods", json=body, timeout=10).json()
+    stored = created["spec"]["containers"][0]["resources"]
+    assert stored == {
+        "requests": {"cpu": "1710m", "memory": "17G"},
+        "limits": {"cpu": "2", "x.io/y": "500m", "x.io/z": "2k", "x.io/w": "1m"},
+    }
+    pod = core.read_namespaced_pod("numbers", ns)
+    assert pod.spec.containers[0].resources.requests["cpu"] == "1710m"

@@ -1,0 +1,437 @@
+"""The hub the chart describes really runs: z2jh's own jupyterhub_config.py, from the rendered
+ConfigMap `hub`, with the rendered Secret `hub`, mounted where the hub pod mounts them, starts
+against the simulated cluster; configurable-http-proxy and billing run as their rendered pods
+say; a user signs in, the spawn form is GPUKubeSpawner's with what `custom.gputap` sets, the
+user's MIG slice server is a pod requesting `nvidia.com/mig-1g.10gb`, and billing meters it to
+the second.
+
+Each pod is a local process in a mount namespace of its own (tests/helm/hub_pod.py). How the
+pieces find each other, and why:
+
+- The Kubernetes API: z2jh's hub runs in-cluster, and so do KubeSpawner's and billing's
+  clients: `load_incluster_config`, https to `$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`
+  with the service account's token and `ca.crt`. The simulated cluster serves HTTPS with its own
+  CA (tests/kube_sim/tls.py) and each pod gets the service account volume, so nothing in the
+  chart or the hub changes for the test (a KUBECONFIG would be a path the pod never has).
+- Services: their variables (`HUB_SERVICE_PORT`, `PROXY_API_SERVICE_PORT`, ...) as Kubernetes
+  sets them, and their names in each pod's /etc/hosts at 127.0.0.1, where cluster DNS would
+  answer. Services do not route here, so each pod listens on its rendered container port
+  (8081, 8000, 8001, 8091), which is also each Service's port except proxy-public's 80: the test
+  reaches the proxy at 8000, as a port-forward to the proxy pod would. Those ports must be free.
+- Single-user servers run in the simulated kubelet, without cluster DNS: the values below set
+  `custom.gputap.spawner.kubernetes.hub_connect_url` to the hub's port on 127.0.0.1 (the
+  setting exists for hubs that servers reach another way), and the servers' command to this
+  machine's jupyterhub-singleuser, as the Kubernetes tests do.
+
+Not stood in for: the images (this machine's virtualenv and node_modules play the hub, billing
+and proxy images), `runAsUser` (the pods run as root here), probes, NetworkPolicies, and
+routing through the Services.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import kubernetes
+import kubernetes.watch
+import pytest
+import requests
+import yaml
+
+from tests.helm import test_chart
+from tests.helm.hub_pod import (
+    Manifests,
+    automounts_token,
+    container_argv,
+    container_environment,
+    container_mounts,
+    hosts_mount,
+    run_in_pod,
+    service_account_mount,
+    service_environment,
+)
+from tests.integration.test_form import row
+from tests.kube_sim.cluster import SimulatedCluster
+from tests.kube_sim.tls import serving_certificate
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+NAMESPACE = test_chart.RELEASE["namespace"]
+EXAMPLE = test_chart.CHART / "examples" / "minimal-sqlite.yaml"
+#: the token in every pod's service account volume: the simulated API server accepts any
+#: token for now (it authenticates none); the `release` fixture maps each ServiceAccount to it
+SERVICE_ACCOUNT_TOKEN = "kube-sim"
+#: where the test stands in for the Services' cluster IPs and for the pods' addresses
+LOOPBACK = "127.0.0.1"
+#: the test's own values over the example: servers this machine can run (see the docstring)
+TEST_VALUES = {
+    "jupyterhub": {
+        "custom": {
+            "gputap": {
+                "spawner": {
+                    "start_timeout": 60,
+                    "kubernetes": {
+                        "cmd": [str(VENV_BIN / "jupyterhub-singleuser")],
+                        "args": ["--allow-root"],
+                        "environment": {
+                            "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser")
+                        },
+                        "hub_connect_url": f"http://{LOOPBACK}:8081",
+                    },
+                }
+            }
+        }
+    }
+}
+
+chart_dir = test_chart.chart_dir
+
+
+def merged(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def user_scheduler_names(manifests: Manifests) -> tuple[str, ...]:
+    """The scheduler names of z2jh's user-scheduler, from its rendered configuration."""
+    config = yaml.safe_load(manifests.one("ConfigMap", "user-scheduler")["data"]["config.yaml"])
+    return tuple(profile["schedulerName"] for profile in config["profiles"])
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_ports_free(pods: list[dict], timeout: float = 60) -> None:
+    """The rendered pods' container ports, free on this machine: each pod listens on its own
+    (another test's server may hold one for a while)."""
+    ports = {
+        port["containerPort"]: f"{pod['metadata']['name']}'s {port.get('name')}"
+        for pod in pods
+        for container in pod["spec"]["template"]["spec"]["containers"]
+        for port in container.get("ports") or []
+    }
+    deadline = time.monotonic() + timeout
+    while taken := [f"{port} ({what})" for port, what in ports.items() if port_taken(port)]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"ports taken on this machine for {timeout:.0f} s: {', '.join(taken)}")
+        time.sleep(1)
+
+
+class Release:
+    """The rendered release's hub, proxy and billing pods, running."""
+
+    def __init__(
+        self,
+        manifests: Manifests,
+        root: Path,
+        api_port: int,
+        ca_cert: Path,
+        tokens: dict[str, str],
+    ):
+        """``tokens``: each ServiceAccount's token, by name, for the pods that run as it."""
+        self.manifests = manifests
+        self.root = root
+        self.tokens = tokens
+        self.procs: dict[str, subprocess.Popen] = {}
+        services = manifests.of_kind("Service")
+        kubernetes_service = {
+            "metadata": {"name": "kubernetes"},
+            "spec": {"ports": [{"name": "https", "port": api_port}]},
+        }
+        self.service_env = service_environment([kubernetes_service, *services], LOOPBACK)
+        self.service_names = [s["metadata"]["name"] for s in services]
+        self.ca_cert = ca_cert
+        # the claims of the release (hub-db-dir, gputap-billing), kept across pod restarts
+        self.claims = {
+            claim["metadata"]["name"]: root / "claims" / claim["metadata"]["name"]
+            for claim in manifests.of_kind("PersistentVolumeClaim")
+        }
+
+    def image_environment(self, pod_name: str) -> dict[str, str]:
+        """What the images would set: this machine's Python environment and proxy stand for
+        the hub, billing and proxy images."""
+        path = [
+            str(VENV_BIN),
+            str(ROOT / "node_modules" / ".bin"),
+            "/usr/local/bin",
+            "/usr/bin",
+            "/bin",
+        ]
+        return {
+            "PATH": ":".join(path),
+            "HOME": str(self.root / pod_name / "home"),
+            "HOSTNAME": pod_name,
+            "LANG": "C.UTF-8",
+        }
+
+    def run(
+        self, deployment_name: str, container: dict, workdir: str, tag: str = ""
+    ) -> subprocess.Popen:
+        """Start one container of a rendered Deployment's pod as the kubelet would."""
+        deployment = self.manifests.one("Deployment", deployment_name)
+        pod_spec = deployment["spec"]["template"]["spec"]
+        pod_name = f"{deployment_name}-0"
+        account = pod_spec.get("serviceAccountName") or "default"
+        folder = self.root / f"{pod_name}{tag}"
+        (folder / "home").mkdir(parents=True)
+        base = {**self.image_environment(pod_name), **self.service_env}
+        base["HOME"] = str(folder / "home")
+        fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name}
+        env = container_environment(container, self.manifests, fields, base)
+        mounts = [
+            hosts_mount(folder, pod_name, self.service_names, LOOPBACK),
+            *container_mounts(pod_spec, container, self.manifests, folder / "volumes", self.claims),
+        ]
+        if automounts_token(pod_spec, self.manifests, account):
+            token = self.tokens[account]
+            mounts.append(service_account_mount(folder, token, self.ca_cert, NAMESPACE))
+        log = self.root / f"{deployment_name}{tag}.log"
+        read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem")
+        argv = container_argv(container, env)
+        proc = run_in_pod(argv, env, mounts, folder / "scratch", workdir, log, bool(read_only))
+        self.procs[f"{deployment_name}{tag}"] = proc
+        return proc
+
+    def start(self) -> None:
+        proxy = self.manifests.one("Deployment", "proxy")
+        (chp,) = proxy["spec"]["template"]["spec"]["containers"]
+        self.run("proxy", chp, "/")
+        billing = self.manifests.one("Deployment", "gputap-billing")["spec"]["template"]["spec"]
+        for init in billing.get("initContainers") or []:
+            tag = f"-{init['name']}"
+            if self.run("gputap-billing", init, "/", tag=tag).wait(120) != 0:
+                log = self.log(f"gputap-billing{tag}")
+                raise AssertionError(f"billing's {init['name']} failed:\n{log}")
+        (billing_container,) = billing["containers"]
+        self.run("gputap-billing", billing_container, "/")
+        hub = self.manifests.one("Deployment", "hub")
+        (hub_container,) = [
+            c for c in hub["spec"]["template"]["spec"]["containers"] if c["name"] == "hub"
+        ]
+        # the k8s-hub image's WORKDIR: z2jh's sqlite-pvc database is jupyterhub.sqlite there
+        self.run("hub", hub_container, "/srv/jupyterhub")
+
+    def log(self, name: str, lines: int = 60) -> str:
+        try:
+            text = (self.root / f"{name}.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}:\n{self.log(name)}" for name in self.procs)
+
+    def wait_up(self, url: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() not in (None, 0):
+                    raise AssertionError(f"{name} exited:\n{self.logs()}")
+            try:
+                if requests.get(url, timeout=2).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"{url} did not answer:\n{self.logs()}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def manifests(chart_dir) -> Manifests:
+    values = merged(yaml.safe_load(EXAMPLE.read_text()), TEST_VALUES)
+    return Manifests(test_chart.render(chart_dir, values))
+
+
+@pytest.fixture(scope="module")
+def cluster(manifests, tmp_path_factory):
+    names = ("default-scheduler", *user_scheduler_names(manifests))
+    with SimulatedCluster.run_in_thread(seed=15, scheduler_names=names) as c:
+        # one H100 partitioned all-1g.10gb by the GPU Operator's MIG manager: 7 slices
+        c.gpu_node("gpu-h100", product="NVIDIA-H100-80GB-HBM3", gpus=1, mig="all-1g.10gb")
+        core = kube_api(c)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        scheduling = kubernetes.client.SchedulingV1Api(core.api_client)
+        for priority_class in manifests.of_kind("PriorityClass"):
+            scheduling.create_priority_class(priority_class)
+        yield c
+
+
+def kube_api(cluster) -> kubernetes.client.CoreV1Api:
+    config = kubernetes.client.Configuration(host=cluster.url)
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+
+@pytest.fixture(scope="module")
+def release(manifests, cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    certificate = serving_certificate(root / "cluster-ca")
+    api_port = cluster.serve_tls(certificate)
+    pods = [manifests.one("Deployment", name) for name in ("hub", "proxy", "gputap-billing")]
+    wait_ports_free(pods)
+    # the hub's own (ServiceAccount `hub`), billing's (`gputap-billing`), and the proxy's
+    # (`default`): the place for the tokens the cluster issues each ServiceAccount
+    accounts = ["default", *(a["metadata"]["name"] for a in manifests.of_kind("ServiceAccount"))]
+    tokens = {account: SERVICE_ACCOUNT_TOKEN for account in accounts}
+    r = Release(manifests, root, api_port, certificate.ca_cert, tokens)
+    try:
+        r.start()
+        r.wait_up(f"{PROXY}/hub/health")
+        r.wait_up(f"{PROXY}/services/billing/health")
+        yield r
+    finally:
+        r.stop()
+
+
+#: the proxy pod's http port (Service proxy-public targets it)
+PROXY = f"http://{LOOPBACK}:8000"
+
+
+def sign_in(name: str) -> requests.Session:
+    """A browser's session after the development login, with its XSRF header set."""
+    s = requests.Session()
+    s.get(f"{PROXY}/hub/login", timeout=10)
+    r = s.post(
+        f"{PROXY}/hub/login",
+        data={"username": name, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=30,
+    )
+    assert r.ok, r.text
+    s.headers["X-XSRFToken"] = s.cookies.get("_xsrf", path="/hub/")
+    return s
+
+
+def user_token(s: requests.Session, name: str) -> dict[str, str]:
+    """An API token of the signed-in user, as the header to send it in."""
+    r = s.post(f"{PROXY}/hub/api/users/{name}/tokens", json={"note": "test"}, timeout=30)
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"token {r.json()['token']}"}
+
+
+def billing_sessions(token: dict[str, str], name: str) -> list[dict]:
+    """The user's sessions as billing's API shows them to the user."""
+    url = f"{PROXY}/services/billing/api/sessions?username={name}"
+    r = requests.get(url, headers=token, timeout=30)
+    assert r.ok, r.text
+    return r.json()["sessions"]
+
+
+def user_servers(s: requests.Session, name: str) -> dict:
+    r = s.get(f"{PROXY}/hub/api/users/{name}", timeout=30)
+    assert r.ok, r.text
+    return r.json()["servers"]
+
+
+def wait_ready(s: requests.Session, name: str, release: Release, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not user_servers(s, name).get("", {}).get("ready"):
+        assert time.monotonic() < deadline, f"{name}'s server is not ready:\n{release.logs()}"
+        time.sleep(0.3)
+
+
+def wait_stopped(s: requests.Session, name: str, release: Release, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while user_servers(s, name):
+        assert time.monotonic() < deadline, f"{name}'s server did not stop:\n{release.logs()}"
+        time.sleep(0.2)
+
+
+def deletion_of(cluster, pod: dict) -> dict:
+    """The pod as its deletion request left it (deletionTimestamp set), from the watch
+    history after the pod's last known version: the pod itself is gone by now."""
+    watch = kubernetes.watch.Watch()
+    for event in watch.stream(
+        kube_api(cluster).list_namespaced_pod,
+        NAMESPACE,
+        field_selector=f"metadata.name={pod['metadata']['name']}",
+        resource_version=pod["metadata"]["resourceVersion"],
+        timeout_seconds=5,
+    ):
+        if event["raw_object"]["metadata"].get("deletionTimestamp"):
+            watch.stop()
+            return event["raw_object"]
+    raise AssertionError(f"no deletion of {pod['metadata']['name']} was seen")
+
+
+def parse(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_the_hub_is_gputap_on_z2jh_config_with_custom_gputap(release):
+    log = (release.root / "hub.log").read_text()
+    # z2jh's files read the mounted Secret, then run the chart's extraConfig
+    assert "Loading /usr/local/etc/jupyterhub/secret/values.yaml" in log
+    assert "Loading extra config: gputap" in log
+    assert "Using Spawner: spawner.kube.spawner.GPUKubeSpawner" in log
+    # the hub saw them in its own mount namespace, not on this machine
+    assert not Path("/usr/local/etc/jupyterhub").exists()
+    page = sign_in("ada").get(f"{PROXY}/hub/spawn", timeout=30).content.decode()
+    # GPUKubeSpawner's form: the MIG node's slices, read from the cluster in-cluster, at the
+    # card's price over 7 (12.00/h for an H100-80GB); the trial credit of custom.gputap
+    slice_ = row(page, "H100-80GB/1g.10gb")
+    assert "H100-80GB 1g.10gb slice" in slice_ and "7 of 7 free" in slice_
+    assert "1.714286/h" in slice_
+    assert 'id="gputap-available">5.00<' in page
+
+
+def test_a_mig_slice_server_is_metered_to_the_second(release, cluster):
+    s = sign_in("bea")
+    options = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
+    r = s.post(f"{PROXY}/hub/api/users/bea/server", json={"user_options": options}, timeout=90)
+    assert r.status_code in (201, 202), r.text
+    wait_ready(s, "bea", release)
+    (pod,) = [
+        p
+        for p in cluster.pods(NAMESPACE)
+        if p["metadata"]["labels"].get("hub.jupyter.org/username") == "bea"
+    ]
+    token = user_token(s, "bea")
+    # the server answers through the proxy, signed in with the hub's OAuth (another cluster's
+    # pod on this machine with the same loopback address would answer instead: named below)
+    status = requests.get(f"{PROXY}/user/bea/api/status", headers=token, timeout=30)
+    assert status.status_code == 200, (pod["status"]["podIP"], status.text[:300])
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/mig-1g.10gb"] == "1" and "nvidia.com/gpu" not in limits
+    assert pod["spec"]["nodeName"] == "gpu-h100"
+    assert pod["spec"]["priorityClassName"] == "gputap-on-demand"
+    # custom.gputap's home_size (5Gi), not z2jh's singleuser.storage.capacity (10Gi)
+    claim = kube_api(cluster).read_namespaced_persistent_volume_claim("home-bea", NAMESPACE)
+    assert claim.spec.resources.requests["storage"] == "5Gi"
+    started = parse(pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    r = s.delete(f"{PROXY}/hub/api/users/bea/server", timeout=90)
+    assert r.status_code in (202, 204), r.text
+    wait_stopped(s, "bea", release)
+    deleting = deletion_of(cluster, pod)
+    grace = deleting["metadata"]["deletionGracePeriodSeconds"]
+    requested = parse(deleting["metadata"]["deletionTimestamp"]) - timedelta(seconds=grace)
+    (session,) = billing_sessions(token, "bea")
+    assert session["state"] == "ended" and session["sku"] == "H100-80GB/1g.10gb"
+    assert abs(parse(session["started_at"]) - started) <= timedelta(seconds=1), (session, started)
+    assert abs(parse(session["ended_at"]) - requested) <= timedelta(seconds=1), (session, requested)
