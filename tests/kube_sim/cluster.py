@@ -37,8 +37,8 @@ from .scheduler import Scheduler
 from .server import end_watches, make_app
 from .storage import DEFAULT_CLASS_ANNOTATION
 from .store import Obj, Store
-from .volumes import ImageUser, Volumes
 from .tls import ServingCertificate
+from .volumes import ImageUser, Volumes
 
 log = logging.getLogger("kube_sim")
 T = TypeVar("T")

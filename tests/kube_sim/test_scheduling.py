@@ -158,7 +158,9 @@ def test_a_pod_naming_another_scheduler_waits_for_that_scheduler(v1, cluster):
     with SimulatedCluster.run_in_thread(scheduler_names=("user-scheduler",)) as other:
         other.gpu_node("a100-2", gpus=1)
         other_v1 = kubernetes.client.CoreV1Api(
-            kubernetes.client.ApiClient(kubernetes.client.Configuration(host=other.url))
+            kubernetes.client.ApiClient(
+                kubernetes.client.Configuration(host=other.url, api_key=admin_key(other))
+            )
         )
         other_v1.create_namespaced_pod("default", body)
         assert wait_for(lambda: node_of(other_v1, "picky")) == "a100-2"

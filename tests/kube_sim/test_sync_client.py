@@ -167,7 +167,10 @@ def test_resource_quantities_written_as_numbers_come_back_as_strings(core, ns):
     body = pod_body("numbers", resources=resources)
     # the typed client would send strings: post the JSON as KubeSpawner's client does
     host = core.api_client.configuration.host
-    created = requests.post(f"{host}/api/v1/namespaces/{ns}/pods", json=body, timeout=10).json()
+    auth = {"Authorization": core.api_client.configuration.api_key["BearerToken"]}
+    created = requests.post(
+        f"{host}/api/v1/namespaces/{ns}/pods", json=body, headers=auth, timeout=10
+    ).json()
     stored = created["spec"]["containers"][0]["resources"]
     assert stored == {
         "requests": {"cpu": "1710m", "memory": "17G"},

@@ -17,9 +17,9 @@ def cluster():
         yield c
 
 
-def in_cluster_client(ca_cert, port, tmp_path) -> kubernetes.client.CoreV1Api:
+def in_cluster_client(ca_cert, port, tmp_path, token_text) -> kubernetes.client.CoreV1Api:
     token = tmp_path / "token"
-    token.write_text("kube-sim")
+    token.write_text(token_text)
     configuration = kubernetes.client.Configuration()
     InClusterConfigLoader(
         token_filename=str(token),
@@ -33,7 +33,7 @@ def in_cluster_client(ca_cert, port, tmp_path) -> kubernetes.client.CoreV1Api:
 def test_an_in_cluster_client_reaches_the_api_over_https(cluster, tmp_path):
     certificate = serving_certificate(tmp_path / "ca")
     port = cluster.serve_tls(certificate)
-    core = in_cluster_client(certificate.ca_cert, port, tmp_path)
+    core = in_cluster_client(certificate.ca_cert, port, tmp_path, cluster.admin_token)
     assert core.api_client.configuration.host == f"https://127.0.0.1:{port}"
     assert [n.metadata.name for n in core.list_node().items] == ["gpu-1"]
 
@@ -41,6 +41,6 @@ def test_an_in_cluster_client_reaches_the_api_over_https(cluster, tmp_path):
 def test_a_client_trusting_another_ca_is_refused(cluster, tmp_path):
     port = cluster.serve_tls(serving_certificate(tmp_path / "ours"))
     other = serving_certificate(tmp_path / "other")
-    core = in_cluster_client(other.ca_cert, port, tmp_path)
+    core = in_cluster_client(other.ca_cert, port, tmp_path, cluster.admin_token)
     with pytest.raises(urllib3.exceptions.MaxRetryError, match="CERTIFICATE_VERIFY_FAILED"):
         core.list_node()
