@@ -18,14 +18,19 @@ pieces find each other, and why:
   answer. Services do not route here, so each pod listens on its rendered container port
   (8081, 8000, 8001, 8091), which is also each Service's port except proxy-public's 80: the test
   reaches the proxy at 8000, as a port-forward to the proxy pod would. Those ports must be free.
-- Single-user servers run in the simulated kubelet, without cluster DNS: the values below set
-  `custom.gputap.spawner.kubernetes.hub_connect_url` to the hub's port on 127.0.0.1 (the
-  setting exists for hubs that servers reach another way), and the servers' command to this
-  machine's jupyterhub-singleuser, as the Kubernetes tests do.
+- Single-user servers run in the simulated kubelet, each in a network namespace of its own
+  and as the single-user image's user, without cluster DNS: the values below set
+  `custom.gputap.spawner.kubernetes.hub_connect_url` to the hub's port at the pod network's
+  gateway, where the hub (listening on every address, as z2jh has it) is reached from a pod
+  (the setting exists for hubs that servers reach another way), and the servers' command to
+  this machine's jupyterhub-singleuser, as the Kubernetes tests do.
+- RBAC: the cluster holds the rendered ServiceAccounts, roles and bindings, each pod's service
+  account volume carries the token the cluster issued its ServiceAccount, and nothing the hub
+  or billing asked was refused.
 
 Not stood in for: the images (this machine's virtualenv and node_modules play the hub, billing
-and proxy images), `runAsUser` (the pods run as root here), probes, NetworkPolicies, and
-routing through the Services.
+and proxy images), `runAsUser` of the hub, proxy and billing pods (they run as root here),
+probes, NetworkPolicies, and routing through the Services.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import kubernetes
+import kubernetes.utils
 import kubernetes.watch
 import pytest
 import requests
@@ -57,16 +63,14 @@ from tests.helm.hub_pod import (
     service_environment,
 )
 from tests.integration.test_form import row
-from tests.kube_sim.cluster import SimulatedCluster
+from tests.kube.conftest import singleuser_image_user
+from tests.kube_sim.cluster import SimulatedCluster, admin_key
 from tests.kube_sim.tls import serving_certificate
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 NAMESPACE = test_chart.RELEASE["namespace"]
 EXAMPLE = test_chart.CHART / "examples" / "minimal-sqlite.yaml"
-#: the token in every pod's service account volume: the simulated API server accepts any
-#: token for now (it authenticates none); the `release` fixture maps each ServiceAccount to it
-SERVICE_ACCOUNT_TOKEN = "kube-sim"
 #: where the test stands in for the Services' cluster IPs and for the pods' addresses
 LOOPBACK = "127.0.0.1"
 #: the test's own values over the example: servers this machine can run (see the docstring)
@@ -82,7 +86,6 @@ TEST_VALUES = {
                         "environment": {
                             "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser")
                         },
-                        "hub_connect_url": f"http://{LOOPBACK}:8081",
                     },
                 }
             }
@@ -264,28 +267,58 @@ class Release:
                 proc.wait()
 
 
-@pytest.fixture(scope="module")
-def manifests(chart_dir) -> Manifests:
-    values = merged(yaml.safe_load(EXAMPLE.read_text()), TEST_VALUES)
+def render(chart_dir, hub_connect_url: str) -> Manifests:
+    kube = {"hub_connect_url": hub_connect_url}
+    test = merged(
+        TEST_VALUES, {"jupyterhub": {"custom": {"gputap": {"spawner": {"kubernetes": kube}}}}}
+    )
+    values = merged(yaml.safe_load(EXAMPLE.read_text()), test)
     return Manifests(test_chart.render(chart_dir, values))
 
 
+#: what the chart creates that the cluster must hold before the hub's pod starts
+INSTALLED = (
+    "PriorityClass",
+    "ServiceAccount",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+)
+
+
 @pytest.fixture(scope="module")
-def cluster(manifests, tmp_path_factory):
-    names = ("default-scheduler", *user_scheduler_names(manifests))
-    with SimulatedCluster.run_in_thread(seed=15, scheduler_names=names) as c:
+def cluster(chart_dir):
+    # the user-scheduler's name is the same whatever the hub's address
+    names = ("default-scheduler", *user_scheduler_names(render(chart_dir, "")))
+    images = {"gputap/singleuser": singleuser_image_user()}
+    with SimulatedCluster.run_in_thread(seed=15, scheduler_names=names, images=images) as c:
         # one H100 partitioned all-1g.10gb by the GPU Operator's MIG manager: 7 slices
         c.gpu_node("gpu-h100", product="NVIDIA-H100-80GB-HBM3", gpus=1, mig="all-1g.10gb")
         core = kube_api(c)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
-        scheduling = kubernetes.client.SchedulingV1Api(core.api_client)
-        for priority_class in manifests.of_kind("PriorityClass"):
-            scheduling.create_priority_class(priority_class)
+        # the ServiceAccount controller's, in every namespace
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": "default"}})
         yield c
+        accounts = [f"system:serviceaccount:{NAMESPACE}:{a}" for a in ("hub", "gputap-billing")]
+        refused = [r for r in c.audit if r.user in accounts and not r.allowed]
+        assert refused == [], "the chart's RBAC refused these"
+
+
+@pytest.fixture(scope="module")
+def manifests(chart_dir, cluster) -> Manifests:
+    """The release, its servers told the hub at the pod network's gateway; what it creates
+    before the hub starts (PriorityClasses, ServiceAccounts, RBAC) is in the cluster."""
+    manifests = render(chart_dir, f"http://{cluster.host_ip}:8081")
+    core = kube_api(cluster)
+    for kind in INSTALLED:
+        for manifest in manifests.of_kind(kind):
+            kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)
+    return manifests
 
 
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:
-    config = kubernetes.client.Configuration(host=cluster.url)
+    config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
 
 
@@ -299,7 +332,7 @@ def release(manifests, cluster, tmp_path_factory):
     # the hub's own (ServiceAccount `hub`), billing's (`gputap-billing`), and the proxy's
     # (`default`): the place for the tokens the cluster issues each ServiceAccount
     accounts = ["default", *(a["metadata"]["name"] for a in manifests.of_kind("ServiceAccount"))]
-    tokens = {account: SERVICE_ACCOUNT_TOKEN for account in accounts}
+    tokens = {account: cluster.service_account_token(NAMESPACE, account) for account in accounts}
     r = Release(manifests, root, api_port, certificate.ca_cert, tokens)
     try:
         r.start()
