@@ -15,7 +15,7 @@ LAB_STAMP := $(VENV)/.gputap-lab-installed
 # The hub image's Python set (images/hub/constraints.txt: JupyterHub 5.5.0 as z2jh 4.4.0's hub
 # image ships it, KubeSpawner 7.1.0, ...) in a second virtualenv, where `make test-jh55` runs
 # the hub-side tests again: .venv gets the newest JupyterHub gputap's range admits, the chart's
-# hub and single-user images run 5.5 (docs/install-kubernetes.md, "JupyterHub 5.5 and 6").
+# hub and single-user images run 5.5 (docs/install-kubernetes.md, "JupyterHub 5.5, not 6").
 JH55 := .venv-jh55
 JH55_PY := $(JH55)/bin/python
 JH55_STAMP := $(JH55)/.gputap-installed

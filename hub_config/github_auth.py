@@ -370,6 +370,7 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
         return model
 
     async def _refreshed(self, user, handler, **kwargs):
+        """The refresh itself, answered as :meth:`refresh_user` says, for any request."""
         try:
             model = await super().refresh_user(user, handler, **kwargs)
             if model and model is not True:
