@@ -121,10 +121,7 @@ def main() -> int:
         )
         return proc.wait()
     except KeyboardInterrupt:
-        # Ctrl-C reaches the hub as SIGTERM, which it handles as SIGINT once running; a SIGINT
-        # just after /hub/health first answers, before the hub registers its handlers, was lost
-        # (JupyterHub 5.5, tests/integration/test_hub_death.py) and the demo never ended
-        proc.terminate()
+        proc.send_signal(signal.SIGINT)
         return proc.wait()
 
 
