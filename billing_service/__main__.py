@@ -8,7 +8,7 @@ import sys
 
 from .app import BadCookieSecret, main
 from .config import load_billing_config
-from .loops.kube_meter import KubeConfigMissing
+from .loops import KubeConfigMissing
 from .migrate import SchemaMismatch, upgrade_database
 from .orm import make_engine
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuth
@@ -24,10 +25,12 @@ from .handlers.fields import MAX_STREAM_BYTES
 from .handlers.routes import make_handlers
 from .loops.charge import Charger
 from .loops.enforce import Enforcer
-from .loops.kube_meter import KubeMeter, kube_configuration
 from .loops.reconcile import Reconciler
 from .migrate import open_database
 from .store import Store
+
+if TYPE_CHECKING:
+    from .loops.kube_meter import KubeMeter
 
 log = logging.getLogger("billing")
 
@@ -209,6 +212,10 @@ async def make_meter(
     spawner = validated("spawner", spawner)
     if spawner["backend"] != "kubernetes":
         return None
+    # imported only here: the Kubernetes client takes seconds to import on a busy machine,
+    # and JupyterHub 5 gives a managed billing about 10 s to answer before the hub gives up
+    from .loops.kube_meter import KubeMeter, kube_configuration
+
     kube = spawner["kubernetes"]
     configuration = await kube_configuration(config.kubeconfig, kube["api_host"])
     namespace = kube["namespace"]

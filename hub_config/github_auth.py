@@ -19,6 +19,7 @@ See docs/github.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -354,7 +355,22 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
     async def refresh_user(self, user, handler=None, **kwargs):
         """Teams and membership asked again; never raises. Returns the new auth model, True
         (keep the last good state: GitHub could not be asked, within the grace) or False
-        (a new login is needed)."""
+        (a new login is needed), and True instead of False where the request cannot be sent
+        to a login (:func:`asks_no_login`)."""
+        model = await self._refreshed(user, handler, **kwargs)
+        if model is False and asks_no_login(self, user, handler):
+            self.log.warning(
+                "%s needs a new login; kept for this API or another user's request", user.name
+            )
+            # as JupyterHub 6, which does not count this as a refresh: the user's next own
+            # request is refreshed (and sent to log in) however soon it comes. The hub notes
+            # the refresh right after this returns, before the loop runs anything else.
+            asyncio.get_running_loop().call_soon(setattr, user, "_auth_refreshed", None)
+            return True
+        return model
+
+    async def _refreshed(self, user, handler, **kwargs):
+        """The refresh itself, answered as :meth:`refresh_user` says, for any request."""
         try:
             model = await super().refresh_user(user, handler, **kwargs)
             if model and model is not True:
@@ -401,3 +417,18 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
             why,
         )
         return True
+
+
+def asks_no_login(authenticator: Any, user: Any, handler: Any) -> bool:
+    """Whether a refresh that needs a new login must keep the stale state for this request.
+
+    Only the user's own browser can be sent to log in. For a token (a server's or the
+    user's API call) or another user's request, JupyterHub 6 keeps the stale state unless
+    ``auth_refresh_strict`` (``refresh_auth`` in jupyterhub/handlers/base.py, 6.0); JupyterHub 5
+    answered them 403, so on 5.5.0, the chart's hub, a GitHub outage past the grace cut running
+    servers off the hub API. The same attributes JupyterHub 6 reads decide it here; JupyterHub
+    5 sets the requester only after refreshing them, so none yet is the user's own request."""
+    if handler is None or getattr(authenticator, "auth_refresh_strict", False):
+        return False
+    token = getattr(handler, "_token_authenticated", False)
+    return token or getattr(handler, "_jupyterhub_user", user) is not user

@@ -58,6 +58,7 @@ from ..domain.pod_facts import (
 )
 from ..store import Store
 from ..store.pods import bind_pod, open_metered_sessions
+from . import KubeConfigMissing
 from .repeat import repeat
 
 log = logging.getLogger("billing.meter")
@@ -75,10 +76,6 @@ WAITING_CHECK_SECONDS = 1.0
 
 
 # -- the loop ------------------------------------------------------------------------------------
-
-
-class KubeConfigMissing(RuntimeError):
-    """No way to reach the Kubernetes API; the message says what to set."""
 
 
 async def kube_configuration(kubeconfig: str = "", api_host: str = "") -> Configuration:

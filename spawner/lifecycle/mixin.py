@@ -55,7 +55,6 @@ from ..core.placement import (
     Refusal,
     RequestError,
     ServerOptions,
-    canonical_options,
     parse_options,
     parse_request,
     place,
@@ -64,6 +63,7 @@ from ..core.record import ServerRecord
 from . import placing, refusals, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .metering import Metering
+from .request_body import start_options
 
 PREVIEW_PATH = "gputap/preview"
 
@@ -72,11 +72,11 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
     """JupyterHub's apply_user_options hook: validate the options before anything starts.
 
     A bad request is refused by ``start()`` with a 400 (JupyterHub logs that as one line;
-    an exception raised here would be logged with a traceback). The options are kept in
-    their canonical form, so the backend's own spawner class never sees gputap's older
-    ``profile`` key (KubeSpawner's name for its profiles)."""
-    spawner.user_options = canonical_options(user_options)
+    an exception raised here would be logged with a traceback). The options are kept as
+    :func:`~.request_body.start_options` reads them (the same on JupyterHub 5 and 6), so the
+    backend's spawner class never sees gputap's older ``profile`` key (KubeSpawner's)."""
     try:
+        spawner.user_options = start_options(user_options)
         options = spawner.parse_server_options(spawner.user_options)
         spawner.server_options, spawner.options_error = options, None
     except RequestError as e:
