@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-
 #: node clock offsets up to this are taken as none (kubelet latency and whole seconds)
 CLOCK_TOLERANCE = timedelta(seconds=5)
 
