@@ -72,11 +72,14 @@ demo: setup
 	else $(PY) -m hub_config.demo; fi
 
 # System packages the tests use: Chromium for the browser tests (Playwright drives
-# /usr/bin/chromium) and gcc for the NVML test double. Installed with apt-get when root.
+# /usr/bin/chromium), gcc for the NVML test double, ip and setpriv (with nsenter and unshare)
+# for the simulated cluster's pods. Installed with apt-get when root.
 system-packages:
 	@missing=""; \
 	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc libc6-dev"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v setpriv >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing; \
 	  else echo "The tests need:$$missing (sudo apt-get install$$missing)"; exit 1; fi; \
