@@ -11,8 +11,11 @@ a request the rendered rules do not grant is refused as a real cluster would ref
 the module fails at teardown if the hub or billing met such a refusal. The tests themselves
 act as the cluster's administrator."""
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import kubernetes.utils
@@ -21,7 +24,7 @@ import yaml
 
 from tests.helm.chart import copy_chart, render
 from tests.helm.dockerfile import parse_dockerfile
-from tests.kube_sim.cluster import SimulatedCluster, admin_key
+from tests.kube_sim.cluster import ClusterThread, SimulatedCluster, admin_key
 from tests.kube_sim.volumes import ImageUser
 from tests.platform import Platform
 
@@ -84,8 +87,7 @@ def singleuser_image_user() -> ImageUser:
 
 @pytest.fixture(scope="module")
 def cluster(chart_rbac):
-    images = {"gputap/singleuser": singleuser_image_user()}
-    with SimulatedCluster.run_in_thread(seed=7, event_interval=1.0, images=images) as c:
+    with gputap_cluster(chart_rbac, seed=7) as c:
         # a DGX-like A100 node: 8 GPUs, 128 cores, 2 TiB (the catalog sizes CPU and memory
         # per GPU, so a node built for its GPUs fits them)
         c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8, cpu="128", memory="2Ti")
@@ -103,6 +105,16 @@ def cluster(chart_rbac):
             allocatable={"nvidia.com/gpu.shared": "16", "cpu": "32", "memory": "128Gi"},
             taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
         )
+        yield c
+
+
+@contextlib.contextmanager
+def gputap_cluster(chart_rbac: list[dict], **kwargs: Any) -> Iterator[ClusterThread]:
+    """A simulated cluster (``kwargs`` for SimulatedCluster) as `helm install` leaves it for
+    gputap, its pods run as the single-user image's user; at the end, nothing the hub or
+    billing asked may have been refused."""
+    images = {"gputap/singleuser": singleuser_image_user()}
+    with SimulatedCluster.run_in_thread(event_interval=1.0, images=images, **kwargs) as c:
         install_gputap(c, chart_rbac)
         yield c
         assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"

@@ -6,22 +6,15 @@ servers land."""
 import pytest
 
 from tests.integration.test_form import row
-from tests.kube.conftest import (
-    BILLING_ACCOUNT,
-    HUB_ACCOUNT,
-    install_gputap,
-    refused,
-    singleuser_image_user,
-)
+from tests.kube.conftest import gputap_cluster
 from tests.kube.test_kube_spawn import pod_of
-from tests.kube_sim.cluster import SimulatedCluster, gpu_node_spec
+from tests.kube_sim.cluster import gpu_node_spec
 from tests.kube_sim.scheduler import parse_quantity
 
 
 @pytest.fixture(scope="module")
 def cluster(chart_rbac):
-    images = {"gputap/singleuser": singleuser_image_user()}
-    with SimulatedCluster.run_in_thread(seed=3, event_interval=1.0, images=images) as c:
+    with gputap_cluster(chart_rbac, seed=3) as c:
         # 8 H100s split all-1g.10gb under the single strategy: 56 slices as nvidia.com/gpu
         c.gpu_node("h100-single", product="NVIDIA-H100-80GB-HBM3", mig="all-1g.10gb",
                    mig_strategy="single", cpu="128", memory="2Ti")  # fmt: skip
@@ -38,9 +31,7 @@ def cluster(chart_rbac):
         labels = gpu_node_spec("x", product="NVIDIA-A10", gpus=2, memory_mib=23028)["labels"]
         c.add_node("a10-untainted", labels=labels,
                    allocatable={"nvidia.com/gpu": "2", "cpu": "32", "memory": "128Gi"})  # fmt: skip
-        install_gputap(c, chart_rbac)
         yield c
-        assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
 
 
 def form(platform, user):

@@ -24,6 +24,15 @@ def core(kube):
 
 
 @pytest.fixture
+def v1(cluster):
+    """The administrator's client of the module's own ``cluster`` fixture (a ClusterThread)."""
+    with kubernetes.client.ApiClient(
+        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+    ) as c:
+        yield kubernetes.client.CoreV1Api(c)
+
+
+@pytest.fixture
 def ns(core):
     """A fresh namespace per test, so tests sharing a cluster do not see each other's pods."""
     name = "t-" + uuid.uuid4().hex[:8]

@@ -239,6 +239,11 @@ class PodNetwork:
         )
         return netns
 
+    def names(self) -> tuple[set[str], set[str]]:
+        """This cluster's network namespaces, and its links (the bridge and pods' veths)."""
+        pods = list(self._pods.values())
+        return {netns for netns, _ in pods}, {self.bridge, *(veth for _, veth in pods)}
+
     def exec_prefix(self, netns: str) -> list[str]:
         """The command prefix that runs a program inside the pod's namespace."""
         return ["nsenter", f"--net={NETNS_DIR}/{netns}", "--"]

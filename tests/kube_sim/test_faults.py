@@ -6,13 +6,12 @@ import socket
 import time
 from urllib.parse import urlparse
 
-import kubernetes.client
 import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 
-from tests.kube_sim import SimulatedCluster, admin_key
+from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.conftest import pod_body, wait_for
 
 
@@ -20,14 +19,6 @@ from tests.kube_sim.conftest import pod_body, wait_for
 def cluster():
     with SimulatedCluster.run_in_thread(seed=7) as c:
         yield c
-
-
-@pytest.fixture
-def v1(cluster):
-    with kubernetes.client.ApiClient(
-        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
-    ) as c:
-        yield kubernetes.client.CoreV1Api(c)
 
 
 def outcomes(v1, n=200):

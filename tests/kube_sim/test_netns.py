@@ -83,12 +83,6 @@ def namespaces() -> set[str]:
     return {entry["name"] for entry in json.loads(out or "[]")}
 
 
-def mine(names: set[str]) -> set[str]:
-    """This process's names: other test processes make and remove theirs meanwhile."""
-    pid = os.getpid()
-    return {n for n in names if n.startswith((f"kube-sim-{pid}-", f"ksv{pid:x}.", f"ksb{pid:x}."))}
-
-
 def test_a_pod_does_not_reach_the_hosts_loopback(core, ns, host_server):
     url = host_server("127.0.0.1")
     assert urllib.request.urlopen(url, timeout=3).read() == b"host 127.0.0.1"  # it is up
@@ -146,8 +140,8 @@ def test_the_host_reaches_a_server_listening_on_every_address_of_its_pod(core, n
 
 
 def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
-    before_ns, before_links = mine(namespaces()), mine(links())
     with SimulatedCluster.run_in_thread(max_grace_seconds=1) as cluster:
+        network = cluster.cluster.network
         cluster.add_node("n")
         config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
         core = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
@@ -158,13 +152,13 @@ def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
                 p.status.phase == "Running" for p in core.list_pod_for_all_namespaces().items
             )
         )
-        during_ns, during_links = mine(namespaces()), mine(links())
-        bridge = cluster.cluster.network.bridge
+        # this cluster's own: other clusters of this process (the module's) come and go
+        during_ns, during_links = network.names()
+        assert len(during_ns) == 2 and during_ns <= namespaces()
+        assert len(during_links) == 3 and during_links <= links()  # bridge, 2 veths
         core.delete_namespaced_pod("a", "default", grace_period_seconds=0)
-        wait_for(lambda: len(mine(namespaces()) - before_ns) == 1)
-    assert len(during_ns - before_ns) == 2
-    assert bridge in during_links and len(during_links - before_links) == 3  # bridge, 2 veths
-    assert mine(namespaces()) - before_ns == set() and mine(links()) - before_links == set()
+        wait_for(lambda: len(during_ns & namespaces()) == 1)
+    assert during_ns & namespaces() == set() and during_links & links() == set()
 
 
 def dead_pid() -> int:

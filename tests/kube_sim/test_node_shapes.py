@@ -7,7 +7,6 @@ import pytest
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.cluster import (
     CLOUD_MACHINES,
-    admin_key,
     cloud_node_spec,
     gke_allocatable,
     gpu_node_spec,
@@ -87,14 +86,6 @@ def test_cloud_nodes_have_their_real_size_and_less_allocatable():
 def cluster():
     with SimulatedCluster.run_in_thread(event_interval=0.5, max_grace_seconds=1) as c:
         yield c
-
-
-@pytest.fixture
-def v1(cluster):
-    with kubernetes.client.ApiClient(
-        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
-    ) as c:
-        yield kubernetes.client.CoreV1Api(c)
 
 
 def failed_scheduling(v1, name):

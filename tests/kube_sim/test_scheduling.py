@@ -21,14 +21,6 @@ def cluster():
         yield c
 
 
-@pytest.fixture
-def v1(cluster):
-    with kubernetes.client.ApiClient(
-        kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
-    ) as c:
-        yield kubernetes.client.CoreV1Api(c)
-
-
 def gpu_pod(name, resources, product=None, tolerate=True, **spec):
     if product:
         spec["nodeSelector"] = {"nvidia.com/gpu.product": product}
