@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import helm_python as helm
+import kubespawner
 import pytest
 import yaml
 
@@ -30,10 +31,39 @@ from tests.helm.test_chart import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: every Kubernetes API call of gputap's hub-side code and billing, by who makes it:
-#: (component, API group, resource, verb, scope, file, the text that makes the call there).
-#: "hub" calls KubeSpawner does not make; "z2jh" the hub's calls z2jh's own Role grants.
+#: every Kubernetes API call of the hub (gputap's code and KubeSpawner's, with gputap's
+#: settings) and of billing, by who makes it: (component, API group, resource, verb, scope,
+#: file, the text that makes the call there). KubeSpawner's files are its installed package's.
 CALLS = [
+    *(
+        ("kubespawner", "", resource, verb, "namespace", f"kubespawner/{file}", text)
+        for resource, verb, file, text in [
+            ("pods", "create", "spawner.py", "self.api.create_namespaced_pod("),
+            ("pods", "delete", "spawner.py", "self.api.delete_namespaced_pod("),
+            ("pods", "list", "spawner.py", 'kind="pods"'),
+            ("pods", "watch", "reflector.py", "async with w.stream(method"),
+            ("events", "list", "spawner.py", 'kind="events"'),
+            ("events", "watch", "reflector.py", "async with w.stream(method"),
+            (
+                "persistentvolumeclaims",
+                "create",
+                "spawner.py",
+                "self.api.create_namespaced_persistent_volume_claim(",
+            ),
+            (
+                "persistentvolumeclaims",
+                "get",
+                "spawner.py",
+                "self.api.read_namespaced_persistent_volume_claim(",
+            ),
+            (
+                "persistentvolumeclaims",
+                "delete",
+                "spawner.py",
+                "self.api.delete_namespaced_persistent_volume_claim(",
+            ),
+        ]
+    ),
     ("hub", "", "nodes", "list", "cluster", "spawner/kube/watch.py", '"list_node"'),
     ("hub", "", "nodes", "watch", "cluster", "spawner/kube/watch.py", "events = watch_objects("),
     (
@@ -56,7 +86,7 @@ CALLS = [
         '"patch_namespaced_persistent_volume_claim"',
     ),
     (
-        "z2jh",
+        "hub",
         "",
         "persistentvolumeclaims",
         "list",
@@ -65,7 +95,7 @@ CALLS = [
         '"list_namespaced_persistent_volume_claim"',
     ),
     (
-        "z2jh",
+        "hub",
         "",
         "persistentvolumeclaims",
         "get",
@@ -74,7 +104,7 @@ CALLS = [
         '"read_namespaced_persistent_volume_claim"',
     ),
     (
-        "z2jh",
+        "hub",
         "",
         "persistentvolumeclaims",
         "create",
@@ -83,7 +113,7 @@ CALLS = [
         '"create_namespaced_persistent_volume_claim"',
     ),
     (
-        "z2jh",
+        "hub",
         "",
         "persistentvolumeclaims",
         "delete",
@@ -134,15 +164,20 @@ CODE = [
 API_METHOD = re.compile(r"\b(?:list|read|create|delete|patch|replace)_[a-z_]+\b")
 
 
+def source(component: str, path: str) -> str:
+    base = Path(kubespawner.__file__).parents[1] if component == "kubespawner" else ROOT
+    return (base / path).read_text()
+
+
 def test_every_call_in_the_table_is_in_the_code():
     for component, _group, resource, verb, _scope, path, text in CALLS:
-        assert text in (ROOT / path).read_text(), f"{component} {verb} {resource}: {path}"
+        assert text in source(component, path), f"{component} {verb} {resource}: {path}"
 
 
 def test_the_code_makes_no_call_the_table_misses():
     """A new Kubernetes call in gputap's code fails here until the table (and the rules) say
     who makes it."""
-    tabled = {m for *_, text in CALLS for m in API_METHOD.findall(text)}
+    tabled = {m for c, *_, text in CALLS if c != "kubespawner" for m in API_METHOD.findall(text)}
     for path in CODE:
         text = (ROOT / path).read_text()
         found = {m for m in API_METHOD.findall(text) if "namespace" in m or m.endswith("_node")}
@@ -177,8 +212,8 @@ def grants(rules: list[dict]) -> set[tuple[str, str, str]]:
     }
 
 
-def wanted(component: str, scope: str) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for c, g, r, v, s, *_ in CALLS if c == component and s == scope}
+def wanted(scope: str, *components: str) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for c, g, r, v, s, *_ in CALLS if c in components and s == scope}
 
 
 def bound_to(manifests: list[dict], binding_kind: str, role: dict) -> list[dict]:
@@ -203,7 +238,7 @@ def manifests(chart_dir) -> list[dict]:  # noqa: F811
 
 def test_the_hub_may_watch_nodes_and_pods_cluster_wide_and_nothing_more(manifests):
     role = the(manifests, "ClusterRole", "gputap-hub")
-    assert grants(role["rules"]) == wanted("hub", "cluster")
+    assert grants(role["rules"]) == wanted("cluster", "hub")
     hub = the(manifests, "Deployment", "hub")
     account = hub["spec"]["template"]["spec"]["serviceAccountName"]
     assert bound_to(manifests, "ClusterRoleBinding", role) == [
@@ -211,14 +246,14 @@ def test_the_hub_may_watch_nodes_and_pods_cluster_wide_and_nothing_more(manifest
     ]
 
 
-def test_the_hub_may_patch_disks_in_the_servers_namespace(chart_dir):  # noqa: F811
+def test_the_hub_may_make_servers_homes_and_disks_in_the_servers_namespace(chart_dir):  # noqa: F811
     values = {
         "jupyterhub": {"custom": {"gputap": {"spawner": {"kubernetes": {"namespace": "gpu"}}}}}
     }
     manifests = render(chart_dir, values)
     role = the(manifests, "Role", "gputap-hub")
     assert role["metadata"]["namespace"] == "gpu"
-    assert grants(role["rules"]) == wanted("hub", "namespace")
+    assert grants(role["rules"]) == wanted("namespace", "hub", "kubespawner")
     assert bound_to(manifests, "RoleBinding", role) == [
         {"kind": "ServiceAccount", "name": "hub", "namespace": "gputap"}
     ]
@@ -226,19 +261,74 @@ def test_the_hub_may_patch_disks_in_the_servers_namespace(chart_dir):  # noqa: F
     assert billing["metadata"]["namespace"] == "gpu"
 
 
-def test_what_z2jh_grants_the_hub_covers_the_rest_of_its_calls(manifests):
-    z2jh = the(manifests, "Role", "hub")
-    assert wanted("z2jh", "namespace") <= grants(z2jh["rules"])
-    # and gputap adds only what z2jh's Role lacks
-    gputap = the(manifests, "Role", "gputap-hub")
-    assert not grants(gputap["rules"]) & grants(z2jh["rules"])
+def test_z2jh_grants_the_hub_nothing(manifests):
+    """z2jh's Role "hub" (secrets, services, gets and watches nobody makes) is not rendered:
+    the hub has gputap's roles only."""
+    assert not [
+        m
+        for m in manifests
+        if m["kind"] in ("Role", "RoleBinding") and m["metadata"]["name"] == "hub"
+    ]
+    hub_bindings = [
+        m
+        for m in manifests
+        if m["kind"].endswith("RoleBinding")
+        and {"kind": "ServiceAccount", "name": "hub", "namespace": "gputap"} in m["subjects"]
+    ]
+    assert sorted(b["roleRef"]["name"] for b in hub_bindings) == ["gputap-hub", "gputap-hub"]
+
+
+def z2jh_components_rbac(manifests: list[dict]) -> list[dict]:
+    """The RBAC objects of z2jh's components other than the hub."""
+    return sorted(
+        (
+            m
+            for m in manifests
+            if m["kind"] in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+            and (m["metadata"].get("labels") or {}).get("app.kubernetes.io/name") == "jupyterhub"
+            and m["metadata"]["labels"].get("component") != "hub"
+        ),
+        key=lambda m: (m["kind"], m["metadata"]["name"]),
+    )
+
+
+#: z2jh's components with RBAC of their own: the user-scheduler, the image-puller hook's
+#: awaiter, and autohttps (Let's Encrypt)
+COMPONENTS = {
+    "jupyterhub": {
+        "scheduling": {"userScheduler": {"enabled": True}},
+        "prePuller": {"hook": {"enabled": True}},
+        "proxy": {
+            "https": {
+                "enabled": True,
+                "type": "letsencrypt",
+                "hosts": ["gpu.example.org"],
+                "letsencrypt": {"contactEmail": "ops@example.org"},
+            }
+        },
+    }
+}
+
+
+@pytest.mark.parametrize("values", [{}, COMPONENTS], ids=["defaults", "every-component"])
+def test_z2jh_components_keep_z2jhs_own_rbac(chart_dir, values):  # noqa: F811
+    ours = z2jh_components_rbac(render(chart_dir, values))
+    z2jh_values = {
+        **values,
+        "jupyterhub": {**values.get("jupyterhub", {}), "rbac": {"create": True}},
+    }
+    z2jhs = z2jh_components_rbac(render(chart_dir, z2jh_values))
+    assert ours == z2jhs
+    expected = {"user-scheduler", "hook-image-awaiter"} | ({"autohttps"} if values else set())
+    names = {m["metadata"]["name"].removeprefix("gputap-") for m in ours}
+    assert names == expected
 
 
 def test_billing_has_its_own_account_allowed_to_meter_pods_only(manifests):
     account = the(manifests, "ServiceAccount", "gputap-billing")
     assert account["metadata"]["namespace"] == "gputap"
     role = the(manifests, "Role", "gputap-billing")
-    assert grants(role["rules"]) == wanted("billing", "namespace")
+    assert grants(role["rules"]) == wanted("namespace", "billing")
     assert bound_to(manifests, "RoleBinding", role) == [
         {"kind": "ServiceAccount", "name": "gputap-billing", "namespace": "gputap"}
     ]
@@ -261,10 +351,13 @@ def test_no_rule_is_wider_than_the_code(manifests):
     assert set().union(*(grants(r["rules"]) for r in ours)) <= allowed
 
 
-def test_rbac_create_false_renders_no_gputap_rules(chart_dir):  # noqa: F811
-    manifests = render(chart_dir, {"rbac": {"create": False}})
-    kinds = ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ServiceAccount"]
-    assert gputaps(manifests, *kinds) == []
+def test_rbac_create_false_renders_no_rules(chart_dir):  # noqa: F811
+    """The operator then makes all of them, z2jh's components' too (or sets
+    jupyterhub.rbac.create for z2jh's own, its wide Role "hub" included)."""
+    manifests = render(chart_dir, {"rbac": {"create": False}, **COMPONENTS})
+    kinds = ["Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"]
+    assert [m for m in manifests if m["kind"] in kinds] == []
+    assert gputaps(manifests, "ServiceAccount") == []
 
 
 def render_as(chart: Path, values: dict, release: str) -> list[dict]:

@@ -40,7 +40,7 @@ RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRo
 @pytest.fixture(scope="session")
 def chart_rbac(tmp_path_factory) -> list[dict]:
     """The hub's and billing's ServiceAccounts, roles and bindings as the chart renders them
-    with default values: z2jh's (component hub) and gputap's own."""
+    with default values: z2jh's hub ServiceAccount and gputap's own."""
     manifests = render(copy_chart(tmp_path_factory.mktemp("chart")), {})
     return [m for m in manifests if m["kind"] in RBAC_KINDS and _hub_or_gputap(m)]
 

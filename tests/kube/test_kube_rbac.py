@@ -21,18 +21,6 @@ from tests.kube.test_kube_spawn import pod_of
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
 CARD = {"kind": "card", "card": "L40S", "count": 1}
 
-#: what z2jh's Role "hub" grants that neither KubeSpawner nor gputap uses with gputap's
-#: settings (docs/kubernetes.md, RBAC): services and secrets are KubeSpawner's for
-#: `services_enabled` and `internal_ssl`, both off; pods and events it follows by list and
-#: watch, never a get; claims it reads, never watches. z2jh's rules are z2jh's to keep.
-Z2JH_UNUSED = {
-    ("", "pods", "get"),
-    ("", "events", "get"),
-    ("", "persistentvolumeclaims", "watch"),
-    *(("", resource, verb) for resource in ("secrets", "services")
-      for verb in ("get", "watch", "list", "create", "delete")),
-}  # fmt: skip
-
 
 def user_of(account: str) -> str:
     return f"system:serviceaccount:{NAMESPACE}:{account}"
@@ -106,8 +94,7 @@ def test_every_rendered_rule_is_used_and_nothing_is_refused(platform, cluster, c
 
     assert refused(cluster, HUB_ACCOUNT, BILLING_ACCOUNT) == []
     assert unused_rules(cluster, chart_rbac, BILLING_ACCOUNT) == {}
-    hub_unused = unused_rules(cluster, chart_rbac, HUB_ACCOUNT)
-    assert hub_unused == {"Role/hub": Z2JH_UNUSED}, sorted(hub_unused.get("Role/hub", []))
+    assert unused_rules(cluster, chart_rbac, HUB_ACCOUNT) == {}
 
 
 def _gone(cluster, username: str) -> bool:
