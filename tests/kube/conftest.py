@@ -5,7 +5,7 @@ two time-sliced T4s. Pods run as local processes, each in its own network namesp
 listens at the pod network's gateway (tests/kube_sim).
 
 The cluster holds the RBAC the Helm chart renders for release `gputap` in namespace `gputap`
-(z2jh's hub ServiceAccount, Role and RoleBinding, and gputap's templates/rbac/), the hub runs
+(z2jh's hub ServiceAccount and gputap's templates/rbac/), the hub runs
 with the token of ServiceAccount `hub` and billing's pod meter with that of `gputap-billing`:
 a request the rendered rules do not grant is refused as a real cluster would refuse it, and
 the module fails at teardown if the hub or billing met such a refusal. The tests themselves
@@ -41,7 +41,13 @@ RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRo
 def chart_rbac(tmp_path_factory) -> list[dict]:
     """The hub's and billing's ServiceAccounts, roles and bindings as the chart renders them
     with default values: z2jh's hub ServiceAccount and gputap's own."""
-    manifests = render(copy_chart(tmp_path_factory.mktemp("chart")), {})
+    return rendered_rbac(tmp_path_factory.mktemp("chart"), {})
+
+
+def rendered_rbac(parent: Path, values: dict) -> list[dict]:
+    """The hub's and billing's RBAC as the chart renders it with values (a chart copy under
+    parent)."""
+    manifests = render(copy_chart(parent), values)
     return [m for m in manifests if m["kind"] in RBAC_KINDS and _hub_or_gputap(m)]
 
 
@@ -109,22 +115,27 @@ def cluster(chart_rbac):
 
 
 @contextlib.contextmanager
-def gputap_cluster(chart_rbac: list[dict], **kwargs: Any) -> Iterator[ClusterThread]:
+def gputap_cluster(
+    chart_rbac: list[dict], namespaces: tuple[str, ...] = (), **kwargs: Any
+) -> Iterator[ClusterThread]:
     """A simulated cluster (``kwargs`` for SimulatedCluster) as `helm install` leaves it for
-    gputap, its pods run as the single-user image's user; at the end, nothing the hub or
-    billing asked may have been refused."""
+    gputap, in the release's namespace and ``namespaces`` (made by the operator first), its
+    pods run as the single-user image's user; at the end, nothing the hub or billing asked may
+    have been refused."""
     images = {"gputap/singleuser": singleuser_image_user()}
     with SimulatedCluster.run_in_thread(event_interval=1.0, images=images, **kwargs) as c:
-        install_gputap(c, chart_rbac)
+        install_gputap(c, chart_rbac, namespaces)
         yield c
         assert refused(c, HUB_ACCOUNT, BILLING_ACCOUNT) == [], "the chart's RBAC refused these"
 
 
-def install_gputap(cluster, chart_rbac: list[dict]) -> None:
-    """What `helm install` leaves for gputap in a cluster: its namespace, the PriorityClasses
-    and the chart's RBAC (the hub and billing then act by their ServiceAccounts' tokens)."""
+def install_gputap(cluster, chart_rbac: list[dict], namespaces: tuple[str, ...] = ()) -> None:
+    """What `helm install` leaves for gputap in a cluster: its namespace (and ``namespaces``,
+    the operator's), the PriorityClasses and the chart's RBAC (the hub and billing then act by
+    their ServiceAccounts' tokens)."""
     core = kube_api(cluster)
-    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    for namespace in (NAMESPACE, *namespaces):
+        core.create_namespace({"metadata": {"name": namespace}})
     create_priority_classes(cluster)
     for manifest in chart_rbac:
         kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)
