@@ -48,7 +48,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 
 from gputap_common import clock, labels
-from gputap_common.kube_watch import list_objects, watch_objects
+from gputap_common.kube_watch import SilentWatch, list_objects, watch_objects
 
 from ..domain.pod_facts import (
     PodFacts,
@@ -67,8 +67,11 @@ T = TypeVar("T")
 
 #: the pods the meter lists and watches
 LABEL_SELECTOR = labels.USER
-#: how long one watch request lasts before the meter relists and reconciles
-WATCH_SECONDS = 300
+#: how long one watch request lasts before the meter relists and reconciles: short, as the
+#: hub's and KubeSpawner's, because a watch whose connection died without closing is only
+#: given up WATCH_GRACE_SECONDS after it should have ended, and until then the meter is blind
+#: (a pod's end is noticed at most WATCH_SECONDS + WATCH_GRACE_SECONDS + 1 s late)
+WATCH_SECONDS = 10
 #: the longest wait before relisting after a failure
 MAX_BACKOFF_SECONDS = 30.0
 #: how often sessions waiting out their start grace are looked at
@@ -134,6 +137,8 @@ class KubeMeter:
     _refused: set[str] = field(default_factory=set, init=False)
     #: whether self.pods is current (listed, and the watch is live)
     synced: bool = field(default=False, init=False)
+    #: whether the last watch ended on time (its relist is routine: logged at debug level)
+    _routine: bool = field(default=False, init=False)
 
     @property
     def start_grace(self) -> timedelta:
@@ -288,7 +293,9 @@ class KubeMeter:
         closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
         self.synced = True
         running = [f for f in self.pods.values() if f.running]
-        log.info(
+        # one line per state change: a relist every few seconds that changed nothing is not one
+        log.log(
+            logging.DEBUG if self._routine and not closed else logging.INFO,
             "Metering pods in namespace %s: %d gputap pods, %d running; %d sessions of "
             "vanished pods closed",
             self.namespace,
@@ -404,12 +411,22 @@ class KubeMeter:
         delay = 0.0
         try:
             while True:
+                ended_on_time = False
                 try:
                     resource_version = await self.resync()
                     await self.watch(resource_version)
-                    delay = 0.0
+                    delay, ended_on_time = 0.0, True
                 except asyncio.CancelledError:
                     raise
+                except SilentWatch as e:
+                    # what the dead connection withheld is not known: relist after the
+                    # usual second, as the hub does, not after a growing back-off
+                    log.warning(
+                        "Metering: watching pods in namespace %s: %s; relisting",
+                        self.namespace,
+                        e,
+                    )
+                    delay = 0.0
                 except ApiException as e:
                     if e.status != 410:
                         delay = self._failed(e, delay)
@@ -417,7 +434,7 @@ class KubeMeter:
                         delay = 0.0
                 except Exception as e:
                     delay = self._failed(e, delay)
-                self.synced = False
+                self.synced, self._routine = False, ended_on_time
                 await asyncio.sleep(max(delay, 1.0))
         finally:
             seen.cancel()
