@@ -139,6 +139,10 @@ class KubeMeter:
     synced: bool = field(default=False, init=False)
     #: whether the last watch ended on time (its relist is routine: logged at debug level)
     _routine: bool = field(default=False, init=False)
+    #: when self.pods was last known current: a list, a watch event, a watch that ended on
+    #: time. A watch gone silent looks like a quiet one until its end is overdue, so only
+    #: these moments, not the clock, are recorded as when running pods were seen
+    _current_at: datetime | None = field(default=None, init=False)
 
     @property
     def start_grace(self) -> timedelta:
@@ -291,7 +295,7 @@ class KubeMeter:
         self._open = {sid: at for sid, at in self._open.items() if sid in present}
         self._waiting = {sid: f for sid, f in self._waiting.items() if sid in present}
         closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
-        self.synced = True
+        self.synced, self._current_at = True, seen_at
         running = [f for f in self.pods.values() if f.running]
         # one line per state change: a relist every few seconds that changed nothing is not one
         log.log(
@@ -359,7 +363,10 @@ class KubeMeter:
         # closed at once when applying an event fails, not whenever the generator is collected
         async with contextlib.aclosing(events):
             async for kind, pod in events:
-                await self.apply(pod, kind == "DELETED", clock.utcnow())
+                seen_at = clock.utcnow()
+                await self.apply(pod, kind == "DELETED", seen_at)
+                self._current_at = seen_at  # what came before it has come too
+        self._current_at = clock.utcnow()  # ended on time: nothing was withheld
 
     async def mark_seen(self, at: datetime) -> None:
         """Record that the sessions of running pods were seen running ``at`` (those the
@@ -368,8 +375,9 @@ class KubeMeter:
         await self._db(self.store.mark_seen, ids, at)
 
     async def _mark_seen_if_synced(self) -> None:
-        if self.synced:  # else the view may be stale: a vanished pod must not look alive
-            await self.mark_seen(clock.utcnow())
+        # never from a stale view: a vanished pod must not look alive
+        if self.synced and self._current_at is not None:
+            await self.mark_seen(self._current_at)
 
     async def start_waiting(self) -> None:
         """Open the sessions of running pods whose start grace is over (the spawner did not

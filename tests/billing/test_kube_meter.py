@@ -348,13 +348,18 @@ def running_start(cluster, name):
 async def test_a_pod_deleted_while_billing_is_down_is_closed_at_its_last_known_end(
     cluster, store, meters, evidence
 ):
-    # never marked seen when the evidence is to be the start
-    meter = await meters.start(seen_interval_seconds=3600 if evidence == "start" else 0.3)
+    # never marked seen when the evidence is to be the start (no timer, no relist); else
+    # recorded every 0.3 s as seen when last known current: each relist, each watch (1 s)
+    # that ended on time
+    never = evidence == "start"
+    meter = await meters.start(
+        seen_interval_seconds=3600 if never else 0.3, watch_seconds=300 if never else 1
+    )
     cluster.api.create(POD, NS, gputap_pod("jupyter-ada", "ada", session_id="s-ada"))
     await until(lambda: session(store, "s-ada"))
     started = running_start(cluster, "jupyter-ada")
     assert session(store, "s-ada").started_at == started
-    await asyncio.sleep(2.2)  # running, and (every 0.3 s) seen running
+    await asyncio.sleep(3)  # running, and seen running
     await meters.stop(meter)  # billing is down from here
     seen = last_seen(store, "s-ada")
     await asyncio.sleep(1.6)
@@ -527,7 +532,7 @@ async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(
 NOTICED_WITHIN = 30
 
 
-@pytest.mark.parametrize("evidence", ["killing event"])
+@pytest.mark.parametrize("evidence", ["killing event", "last seen"])
 async def test_a_pod_that_ends_behind_a_silent_watch_is_billed_to_its_end_soon(
     cluster, store, meters, evidence
 ):
