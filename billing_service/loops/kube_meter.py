@@ -74,6 +74,8 @@ LABEL_SELECTOR = labels.USER
 WATCH_SECONDS = 10
 #: the longest wait before relisting after a failure
 MAX_BACKOFF_SECONDS = 30.0
+#: how often a pod that cannot be billed is reported again while it exists
+REFUSAL_REMINDER_SECONDS = 300
 #: how often sessions waiting out their start grace are looked at
 WAITING_CHECK_SECONDS = 1.0
 
@@ -135,6 +137,8 @@ class KubeMeter:
     _settled: set[str] = field(default_factory=set, init=False)
     #: pods and sessions reported as unbillable since the last list (logged once each)
     _refused: set[str] = field(default_factory=set, init=False)
+    #: when self._refused was last emptied, so that each is reported again
+    _reminded_at: datetime | None = field(default=None, init=False)
     #: whether self.pods is current (listed, and the watch is live)
     synced: bool = field(default=False, init=False)
     #: whether the last watch ended on time (its relist is routine: logged at debug level)
@@ -283,12 +287,15 @@ class KubeMeter:
         )
         seen_at = clock.utcnow()
         items = listing.get("items") or []
+        # unbillable pods are reported again every few minutes, not at each relist
+        reminder = timedelta(seconds=REFUSAL_REMINDER_SECONDS)
+        if self._reminded_at is None or seen_at - self._reminded_at >= reminder:
+            self._refused.clear()
+            self._reminded_at = seen_at
         self.pods = {}
         for pod in items:
             await self.apply(pod, deleted=False, seen_at=seen_at)
-        # what was learnt about pods that are gone is no longer needed; unbillable pods
-        # are reported again after each list, a reminder every few minutes
-        self._refused.clear()
+        # what was learnt about pods that are gone is no longer needed
         present = {facts.session_id for facts in self.pods.values()}
         self._settled &= present
         self._bound &= present

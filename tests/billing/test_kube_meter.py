@@ -7,6 +7,7 @@ on SQLite: they stop it to play billing being down, and start a new one as a res
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from sqlalchemy import select
 from billing_service.app import make_meter
 from billing_service.config import billing_config
 from billing_service.domain.pod_facts import MeteredSession, killed_at, pod_facts, vanished_end
+from billing_service.loops import kube_meter
 from billing_service.loops.kube_meter import KubeConfigMissing, KubeMeter
 from billing_service.orm import BillingSession
 from gputap_common.settings import load_settings
@@ -440,6 +442,23 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
     for user in ("ada", "bob", "cy"):
         assert store.account(user, now).balance_micro == 10_000_000 - costs.get(user, 0)
     assert store.check_ledger() == []
+
+
+async def test_a_pod_billing_cannot_bill_is_reported_once_not_at_every_relist(
+    cluster, store, meters, caplog, monkeypatch
+):
+    caplog.set_level(logging.WARNING, logger="billing.meter")
+    await meters.start(watch_seconds=1)  # a relist every 2 s
+    cluster.api.create(POD, NS, gputap_pod("unpriced", "cy", "Z9000", session_id="s-unpriced"))
+    cluster.api.create(POD, NS, gputap_pod("no-count", "cy", "T4", count=0, session_id="s-zero"))
+    await until(lambda: all(p["status"].get("phase") == "Running" for p in cluster.pods(NS)))
+    await asyncio.sleep(5)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([line for line in lines if "gputap/unpriced" in line]) == 1, lines
+    assert len([line for line in lines if "gputap/no-count" in line]) == 1, lines
+    assert store.sessions(None) == []
+    monkeypatch.setattr(kube_meter, "REFUSAL_REMINDER_SECONDS", 0)  # a reminder is due
+    await until(lambda: len([r for r in caplog.records if "gputap/unpriced" in r.getMessage()]) > 1)
 
 
 async def test_the_meter_never_bills_a_disk_pod_nor_closes_a_disk_session(cluster, store, meters):
