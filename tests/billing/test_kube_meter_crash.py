@@ -42,6 +42,10 @@ SEED = 20261130
 USERS = [f"user{i}" for i in range(8)]
 SKUS = ["cpu", "T4", "L40S", "A100-80GB", "A100-80GB/1g.10gb", "H100-80GB/3g.40gb"]
 TRIAL = 10_000_000
+#: a pod is deleted only after it ran this long while a billing process was watching, so that
+#: its deletion may come while billing watches (and be applied, or not, by a billing killed
+#: then), and only once billing has opened its session (see run_servers)
+SEEN_MARGIN = timedelta(seconds=2)
 #: how long the servers may take to come and go: about 90 s on an idle machine, twice that
 #: when other tests load it (the billing processes then take seconds to start)
 RUN_SECONDS = 300
@@ -90,6 +94,8 @@ class Billing:
         self.kills = 0
         self._read = 0  # how much of the log was searched for the synced line
         self._synced = False
+        #: (from, to) of every process's watch: from its synced line to its kill (None: now)
+        self.watches: list[tuple[datetime, datetime | None]] = []
 
     def start(self) -> None:
         self._read = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -119,13 +125,23 @@ class Billing:
             # a line may be half written: search again from its start next time
             self._read += new.rfind(b"\n") + 1
             self._synced = b"Metering pods in namespace" in new
+            if self._synced:
+                self.watches.append((datetime.now(UTC), None))
         return self._synced
+
+    def has_seen(self, started: datetime) -> bool:
+        """Whether a pod running since ``started`` was in view of a live watch for
+        SEEN_MARGIN."""
+        now = datetime.now(UTC)
+        return any((to or now) - max(started, since) >= SEEN_MARGIN for since, to in self.watches)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.proc = None
         self.kills += 1
+        if self._synced:
+            self.watches[-1] = (self.watches[-1][0], datetime.now(UTC))
         self._synced = False
 
     def stop(self) -> None:
@@ -203,7 +219,7 @@ def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng, 
 
     A pod is deleted only once billing has opened its session: billing must have seen the pod
     to know its session (a pod that lives and dies unseen is billed by the spawner's own start
-    and stop, which this test does not send). Waiting for 2 s of a live watch instead was not
+    and stop, which this test does not send). SEEN_MARGIN of a live watch alone was not
     enough on a loaded machine: billing opened sessions up to 8 s after their container
     started, and a pod deleted before that, billing killed meanwhile, was gone when the next
     billing process listed, its session never opened."""
@@ -255,7 +271,7 @@ def _run_servers(cluster, billing, todo, truth, rng, engine) -> None:
                 continue
             if now - pod.started < timedelta(seconds=plan.life):
                 continue
-            if pod.session_id not in opened:
+            if not billing.has_seen(pod.started) or pod.session_id not in opened:
                 continue
             cluster.call(sim.api.delete, POD, NS, plan.name)
             plan.delete_asked = True
