@@ -48,7 +48,7 @@ from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import ApiClient, ApiException, Configuration, CoreV1Api
 
 from gputap_common import clock, labels
-from gputap_common.kube_watch import list_objects, watch_objects
+from gputap_common.kube_watch import SilentWatch, list_objects, watch_objects
 
 from ..domain.pod_facts import (
     PodFacts,
@@ -67,10 +67,15 @@ T = TypeVar("T")
 
 #: the pods the meter lists and watches
 LABEL_SELECTOR = labels.USER
-#: how long one watch request lasts before the meter relists and reconciles
-WATCH_SECONDS = 300
+#: how long one watch request lasts before the meter relists and reconciles: short, as the
+#: hub's and KubeSpawner's, because a watch whose connection died without closing is only
+#: given up WATCH_GRACE_SECONDS after it should have ended, and until then the meter is blind
+#: (a pod's end is noticed at most WATCH_SECONDS + WATCH_GRACE_SECONDS + 1 s late)
+WATCH_SECONDS = 10
 #: the longest wait before relisting after a failure
 MAX_BACKOFF_SECONDS = 30.0
+#: how often a pod that cannot be billed is reported again while it exists
+REFUSAL_REMINDER_SECONDS = 300
 #: how often sessions waiting out their start grace are looked at
 WAITING_CHECK_SECONDS = 1.0
 
@@ -132,8 +137,16 @@ class KubeMeter:
     _settled: set[str] = field(default_factory=set, init=False)
     #: pods and sessions reported as unbillable since the last list (logged once each)
     _refused: set[str] = field(default_factory=set, init=False)
+    #: when self._refused was last emptied, so that each is reported again
+    _reminded_at: datetime | None = field(default=None, init=False)
     #: whether self.pods is current (listed, and the watch is live)
     synced: bool = field(default=False, init=False)
+    #: whether the last watch ended on time (its relist is routine: logged at debug level)
+    _routine: bool = field(default=False, init=False)
+    #: when self.pods was last known current: a list, a watch event, a watch that ended on
+    #: time. A watch gone silent looks like a quiet one until its end is overdue, so only
+    #: these moments, not the clock, are recorded as when running pods were seen
+    _current_at: datetime | None = field(default=None, init=False)
 
     @property
     def start_grace(self) -> timedelta:
@@ -274,21 +287,26 @@ class KubeMeter:
         )
         seen_at = clock.utcnow()
         items = listing.get("items") or []
+        # unbillable pods are reported again every few minutes, not at each relist
+        reminder = timedelta(seconds=REFUSAL_REMINDER_SECONDS)
+        if self._reminded_at is None or seen_at - self._reminded_at >= reminder:
+            self._refused.clear()
+            self._reminded_at = seen_at
         self.pods = {}
         for pod in items:
             await self.apply(pod, deleted=False, seen_at=seen_at)
-        # what was learnt about pods that are gone is no longer needed; unbillable pods
-        # are reported again after each list, a reminder every few minutes
-        self._refused.clear()
+        # what was learnt about pods that are gone is no longer needed
         present = {facts.session_id for facts in self.pods.values()}
         self._settled &= present
         self._bound &= present
         self._open = {sid: at for sid, at in self._open.items() if sid in present}
         self._waiting = {sid: f for sid, f in self._waiting.items() if sid in present}
         closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
-        self.synced = True
+        self.synced, self._current_at = True, seen_at
         running = [f for f in self.pods.values() if f.running]
-        log.info(
+        # one line per state change: a relist every few seconds that changed nothing is not one
+        log.log(
+            logging.DEBUG if self._routine and not closed else logging.INFO,
             "Metering pods in namespace %s: %d gputap pods, %d running; %d sessions of "
             "vanished pods closed",
             self.namespace,
@@ -352,7 +370,10 @@ class KubeMeter:
         # closed at once when applying an event fails, not whenever the generator is collected
         async with contextlib.aclosing(events):
             async for kind, pod in events:
-                await self.apply(pod, kind == "DELETED", clock.utcnow())
+                seen_at = clock.utcnow()
+                await self.apply(pod, kind == "DELETED", seen_at)
+                self._current_at = seen_at  # what came before it has come too
+        self._current_at = clock.utcnow()  # ended on time: nothing was withheld
 
     async def mark_seen(self, at: datetime) -> None:
         """Record that the sessions of running pods were seen running ``at`` (those the
@@ -361,8 +382,9 @@ class KubeMeter:
         await self._db(self.store.mark_seen, ids, at)
 
     async def _mark_seen_if_synced(self) -> None:
-        if self.synced:  # else the view may be stale: a vanished pod must not look alive
-            await self.mark_seen(clock.utcnow())
+        # never from a stale view: a vanished pod must not look alive
+        if self.synced and self._current_at is not None:
+            await self.mark_seen(self._current_at)
 
     async def start_waiting(self) -> None:
         """Open the sessions of running pods whose start grace is over (the spawner did not
@@ -404,12 +426,22 @@ class KubeMeter:
         delay = 0.0
         try:
             while True:
+                ended_on_time = False
                 try:
                     resource_version = await self.resync()
                     await self.watch(resource_version)
-                    delay = 0.0
+                    delay, ended_on_time = 0.0, True
                 except asyncio.CancelledError:
                     raise
+                except SilentWatch as e:
+                    # what the dead connection withheld is not known: relist after the
+                    # usual second, as the hub does, not after a growing back-off
+                    log.warning(
+                        "Metering: watching pods in namespace %s: %s; relisting",
+                        self.namespace,
+                        e,
+                    )
+                    delay = 0.0
                 except ApiException as e:
                     if e.status != 410:
                         delay = self._failed(e, delay)
@@ -417,7 +449,7 @@ class KubeMeter:
                         delay = 0.0
                 except Exception as e:
                     delay = self._failed(e, delay)
-                self.synced = False
+                self.synced, self._routine = False, ended_on_time
                 await asyncio.sleep(max(delay, 1.0))
         finally:
             seen.cancel()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, inspect, text
 
 from billing_service.domain.pricing import make_price_book
 from gputap_common.settings import load_settings
@@ -42,10 +42,13 @@ SEED = 20261130
 USERS = [f"user{i}" for i in range(8)]
 SKUS = ["cpu", "T4", "L40S", "A100-80GB", "A100-80GB/1g.10gb", "H100-80GB/3g.40gb"]
 TRIAL = 10_000_000
-#: a pod is deleted only after it ran this long while a billing process was watching: billing
-#: must have seen it to know its session (a pod that lives and dies unseen is billed by the
-#: spawner's own start and stop, which this test does not send)
+#: a pod is deleted only after it ran this long while a billing process was watching, so that
+#: its deletion may come while billing watches (and be applied, or not, by a billing killed
+#: then), and only once billing has opened its session (see run_servers)
 SEEN_MARGIN = timedelta(seconds=2)
+#: how long the servers may take to come and go: about 90 s on an idle machine, twice that
+#: when other tests load it (the billing processes then take seconds to start)
+RUN_SECONDS = 300
 
 
 @pytest.fixture
@@ -127,8 +130,8 @@ class Billing:
         return self._synced
 
     def has_seen(self, started: datetime) -> bool:
-        """Whether a pod running since ``started`` was in view of a live watch long enough
-        for billing to have recorded it."""
+        """Whether a pod running since ``started`` was in view of a live watch for
+        SEEN_MARGIN."""
         now = datetime.now(UTC)
         return any((to or now) - max(started, since) >= SEEN_MARGIN for since, to in self.watches)
 
@@ -199,7 +202,7 @@ def test_billing_killed_at_random_moments_bills_every_pod_once_for_its_running_t
         billing = Billing(tmp_path, postgres_url, kubeconfig)
         billing.start()
         try:
-            run_servers(cluster, billing, todo, truth, rng)
+            run_servers(cluster, billing, todo, truth, rng, postgres_url)
             # billing up for good: every session gets closed
             if not billing.up:
                 billing.start()
@@ -211,12 +214,36 @@ def test_billing_killed_at_random_moments_bills_every_pod_once_for_its_running_t
     check_bills(postgres_url, todo, truth.snapshot(), killing_times(events), settled)
 
 
-def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng) -> None:
-    """Create the pods in waves, end them, and kill and restart billing, until all ended."""
+def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng, url: str) -> None:
+    """Create the pods in waves, end them, and kill and restart billing, until all ended.
+
+    A pod is deleted only once billing has opened its session: billing must have seen the pod
+    to know its session (a pod that lives and dies unseen is billed by the spawner's own start
+    and stop, which this test does not send). SEEN_MARGIN of a live watch alone was not
+    enough on a loaded machine: billing opened sessions up to 8 s after their container
+    started, and a pod deleted before that, billing killed meanwhile, was gone when the next
+    billing process listed, its session never opened."""
+    engine = create_engine(url)
+    try:
+        _run_servers(cluster, billing, todo, truth, rng, engine)
+    finally:
+        engine.dispose()
+
+
+def opened_sessions(engine) -> set[str]:
+    """The ids of the sessions billing has opened, ended or not (none before its first
+    process made the tables)."""
+    with engine.connect() as db:
+        if not inspect(db).has_table("sessions"):
+            return set()
+        return set(db.scalars(text("SELECT id FROM sessions")))
+
+
+def _run_servers(cluster, billing, todo, truth, rng, engine) -> None:
     sim = cluster.cluster
     next_kill: float | None = None
     down_until = 0.0
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + RUN_SECONDS
     while time.monotonic() < deadline:
         now = datetime.now(UTC)
         pods = {t.name: t for t in truth.snapshot().values()}
@@ -237,13 +264,14 @@ def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng) 
             cluster.call(sim.api.create, POD, NS, body)
             plan.created = True
         synced = billing.synced()
+        opened = opened_sessions(engine)
         for plan in active:
             pod = pods.get(plan.name)
             if not plan.deleted or plan.delete_asked or pod is None or pod.started is None:
                 continue
             if now - pod.started < timedelta(seconds=plan.life):
                 continue
-            if not billing.has_seen(pod.started):
+            if not billing.has_seen(pod.started) or pod.session_id not in opened:
                 continue
             cluster.call(sim.api.delete, POD, NS, plan.name)
             plan.delete_asked = True
@@ -260,7 +288,7 @@ def run_servers(cluster, billing: Billing, todo: list[Plan], truth: Truth, rng) 
         if not billing.up and time.monotonic() >= down_until:
             billing.start()
         time.sleep(0.1)
-    raise AssertionError("the servers did not all end within 150 s")
+    raise AssertionError(f"the servers did not all end within {RUN_SECONDS} s")
 
 
 def ended(pod) -> bool:
@@ -276,13 +304,17 @@ def wait_settled(url: str, truth: Truth, billing: Billing) -> dict[str, dict]:
             with engine.connect() as db:
                 rows = {r.id: r._asdict() for r in db.execute(text("SELECT * FROM sessions"))}
             pods = {t.session_id: t for t in truth.snapshot().values()}
-            open_ = {pods[s].name: s for s in pods if s not in rows or not rows[s]["ended_at"]}
-            if not open_:
+            never = sorted(pods[s].name for s in pods if s not in rows)
+            open_ = sorted(pods[s].name for s in pods if s in rows and not rows[s]["ended_at"])
+            if not never and not open_:
                 return rows
             time.sleep(0.5)
     finally:
         engine.dispose()
-    raise AssertionError(f"sessions not closed within 60 s: {open_}\n{billing.log_tail()}")
+    raise AssertionError(
+        f"sessions not closed within 60 s: still open {open_}, never opened {never}\n"
+        f"{billing.log_tail()}"
+    )
 
 
 def check_bills(url, todo, pods, killed, sessions) -> None:
