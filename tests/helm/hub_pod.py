@@ -29,6 +29,7 @@ import base64
 import os
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -52,10 +53,7 @@ class Manifests:
         return [m for m in self.items if m["kind"] == kind]
 
     def secret_data(self, name: str) -> dict[str, bytes]:
-        secret = self.one("Secret", name)
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
-        return data
+        return secret_data(self.one("Secret", name))
 
     def configmap_data(self, name: str) -> dict[str, bytes]:
         config = self.one("ConfigMap", name)
@@ -91,21 +89,48 @@ def service_environment(services: list[dict], cluster_ip: str) -> dict[str, str]
     return env
 
 
+def secret_data(secret: dict) -> dict[str, bytes]:
+    """A Secret's keys and values, ``data`` decoded and ``stringData`` over it."""
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
+    return data
+
+
+def _secret_value(ref: dict, secrets: Sequence[dict], namespace: str) -> str:
+    """A ``secretKeyRef``'s value, or the kubelet's refusal to start the container
+    (CreateContainerConfigError) in its words."""
+    found = [s for s in secrets if s["metadata"]["name"] == ref["name"]]
+    if not found:
+        raise ValueError(f'secret "{ref["name"]}" not found')
+    data = secret_data(found[0])
+    if ref["key"] not in data:
+        raise ValueError(f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}")
+    return data[ref["key"]].decode()
+
+
 def container_environment(
-    container: dict, manifests: Manifests, pod: dict[str, str], base: dict[str, str]
+    container: dict,
+    manifests: Manifests,
+    pod: dict[str, str],
+    base: dict[str, str],
+    secrets: Sequence[dict] = (),
 ) -> dict[str, str]:
     """``base`` (the image's and the Services' variables) with the container's own ``env``
     over it, in order, each value expanded against those before it. ``pod``: the
-    ``metadata.*`` fields a ``fieldRef`` may name (``metadata.namespace``, ...)."""
+    ``metadata.*`` fields a ``fieldRef`` may name (``metadata.namespace``, ...). A
+    ``secretKeyRef`` names a rendered Secret or one of ``secrets``, those the cluster holds
+    besides the release's (the operator's, made before ``helm install``)."""
     env = dict(base)
+    cluster_secrets = [*manifests.of_kind("Secret"), *secrets]
     for var in container.get("env") or []:
         if "value" in var:
             env[var["name"]] = expand(str(var["value"]), env)
             continue
         source = var["valueFrom"]
         if "secretKeyRef" in source:
+            namespace = pod.get("metadata.namespace", "")
             ref = source["secretKeyRef"]
-            env[var["name"]] = manifests.secret_data(ref["name"])[ref["key"]].decode()
+            env[var["name"]] = _secret_value(ref, cluster_secrets, namespace)
         elif "configMapKeyRef" in source:
             ref = source["configMapKeyRef"]
             env[var["name"]] = manifests.configmap_data(ref["name"])[ref["key"]].decode()

@@ -3,6 +3,8 @@ Services' variables and the container's environment are as Kubernetes gives them
 
 from pathlib import Path
 
+import pytest
+
 from tests.helm.hub_pod import (
     Manifests,
     Mount,
@@ -104,3 +106,31 @@ def test_the_token_is_mounted_unless_the_pod_or_its_account_opts_out():
     assert not automounts_token({}, manifests, "none")
     assert automounts_token({"automountServiceAccountToken": True}, manifests, "none")
     assert not automounts_token({"automountServiceAccountToken": False}, manifests, "quiet")
+
+
+def test_secret_refs_resolve_to_the_operators_secrets_too():
+    rendered = Manifests(
+        [{"kind": "Secret", "metadata": {"name": "hub"}, "data": {"token": "czNjcjN0"}}]
+    )
+    # made by the operator before `helm install` (kubectl create secret generic ...)
+    operators = [
+        {"kind": "Secret", "metadata": {"name": "gputap-db"}, "data": {"url": "cGc6Ly9kYg=="}}
+    ]
+    container = {
+        "env": [
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "token"}}},
+            {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "gputap-db", "key": "url"}}},
+        ]
+    }
+    env = container_environment(container, rendered, {}, {}, secrets=operators)
+    assert env["TOKEN"] == "s3cr3t" and env["DB"] == "pg://db"
+    # a Secret nobody made: the kubelet would not start the container
+    missing = {"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}]}
+    with pytest.raises(ValueError, match='secret "nope" not found'):
+        container_environment(missing, rendered, {}, {}, secrets=operators)
+    absent_key = {
+        "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "gputap-db", "key": "k"}}}]
+    }
+    with pytest.raises(ValueError, match="couldn't find key k in Secret gputap/gputap-db"):
+        container_environment(absent_key, rendered, {"metadata.namespace": "gputap"}, {},
+                              secrets=operators)  # fmt: skip
