@@ -25,10 +25,12 @@ Kubernetes' rules followed (https://kubernetes.io/docs/):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shlex
 import subprocess
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -295,12 +297,16 @@ def run_in_pod(
     workdir: str,
     log: Path,
     read_only_root: bool = False,
+    network: Sequence[str] = (),
 ) -> subprocess.Popen:
-    """Start ``argv`` in a mount namespace of its own that shows ``mounts``."""
+    """Start ``argv`` in a mount namespace of its own that shows ``mounts``. ``network``: the
+    command prefix that enters the pod's network namespace (``nsenter --net=...``, from the
+    simulated cluster's pod network); none: this machine's network."""
     script = mount_script(mounts, scratch, workdir, read_only_root)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
+                *network,
                 "unshare",
                 "--mount",
                 "--propagation",
@@ -317,3 +323,51 @@ def run_in_pod(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+class ServiceRelay:
+    """A Service's routing, for one port: connections to ``host:port`` are passed on to
+    ``target`` (host, port), as kube-proxy passes a Service's connections to its endpoint.
+    For pods on the pod network, which reach the Services at the gateway, where the endpoint
+    (a database on this machine's loopback) does not listen. Serves from a thread of its own
+    while the ``with`` block lasts."""
+
+    def __init__(self, host: str, port: int, target: tuple[str, int]):
+        self.host, self.port, self.target = host, port, target
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def __enter__(self) -> ServiceRelay:
+        self._thread.start()
+        start = asyncio.start_server(self._connection, self.host, self.port)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

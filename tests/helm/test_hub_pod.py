@@ -1,6 +1,8 @@
 """tests/helm/hub_pod.py: a container's mounts are seen inside its mount namespace only, the
 Services' variables and the container's environment are as Kubernetes gives them."""
 
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from tests.helm.hub_pod import (
     Manifests,
     Mount,
+    ServiceRelay,
     automounts_token,
     container_environment,
     container_mounts,
@@ -134,3 +137,26 @@ def test_secret_refs_resolve_to_the_operators_secrets_too():
     with pytest.raises(ValueError, match="couldn't find key k in Secret gputap/gputap-db"):
         container_environment(absent_key, rendered, {"metadata.namespace": "gputap"}, {},
                               secrets=operators)  # fmt: skip
+
+
+def test_a_service_relay_passes_connections_to_its_endpoint_both_ways():
+    endpoint = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = endpoint.accept()
+        with conn:
+            conn.sendall(b"echo:" + conn.recv(100))
+
+    threading.Thread(target=answer, daemon=True).start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with (
+        ServiceRelay("127.0.0.1", port, endpoint.getsockname()),
+        socket.create_connection(("127.0.0.1", port), timeout=5) as client,
+    ):
+        client.sendall(b"ping")
+        assert client.recv(100) == b"echo:ping"
+        # the endpoint closed: so does the relayed connection
+        assert client.recv(100) == b""
+    endpoint.close()

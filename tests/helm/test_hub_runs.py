@@ -19,9 +19,13 @@ What each example needs, the test provides as its operator would, without changi
   billing's URL and the hub's password, the test's values name the fresh role and databases
   (as an operator's own names), and `postgres` (the operator's database Service) resolves in
   each pod's /etc/hosts to 127.0.0.1. Billing asks for two replicas there (a shared ledger, no
-  volume): one billing pod runs, since a second would listen on the same port of this one
-  network; the test checks the Deployment says two replicas with no claim, and the ledger is
-  PostgreSQL's (the Ingress is rendered, not served).
+  volume), and both run: the second listens on the same port as the first, so it runs in a
+  network namespace of its own on the cluster's pod network (tests/kube_sim/netns.py), where
+  it reaches the Services at the gateway: the hub listens there, the API's HTTPS port too,
+  and the database through a relay standing in for the Service's routing
+  (hub_pod.ServiceRelay). Both meter the cluster's pods; the Services route to the first only
+  (the proxy reaches billing at its Service), and the test asks the second at its pod
+  address for the same ledger. The Ingress is rendered, not served.
 
 Each pod is a local process in a mount namespace of its own (tests/helm/hub_pod.py). How the
 pieces find each other, and why:
@@ -54,6 +58,7 @@ probes, NetworkPolicies, and routing through the Services.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import secrets
 import socket
@@ -76,6 +81,7 @@ from tests.github_sim.client import sign_in as github_sign_in
 from tests.helm import test_chart
 from tests.helm.hub_pod import (
     Manifests,
+    ServiceRelay,
     automounts_token,
     container_argv,
     container_environment,
@@ -155,6 +161,8 @@ class Example:
     github_org: str = ""
     #: the hub's and billing's databases in PostgreSQL (Secret gputap-db)
     postgres: bool = False
+    #: billing's pods (billing.replicas)
+    billing_replicas: int = 1
 
     @property
     def id(self) -> str:
@@ -203,6 +211,7 @@ EXAMPLES = [
         home_size="20Gi",
         github_org="acme",
         postgres=True,
+        billing_replicas=2,
     ),
     Example(
         file="mig-spot-courses.yaml",
@@ -278,40 +287,53 @@ def wait_ports_free(pods: list[dict], timeout: float = 60) -> None:
 
 
 class Release:
-    """The rendered release's hub, proxy and billing pods, running."""
+    """The rendered release's hub, proxy and billing pods, running. The first pod of each
+    Deployment runs in this machine's network; another replica (billing's second) in a
+    network namespace of its own on the cluster's pod network, since it listens on the same
+    port: it reaches the Services at the gateway."""
 
     def __init__(
         self,
         manifests: Manifests,
         root: Path,
+        cluster,
         api_port: int,
         ca_cert: Path,
         tokens: dict[str, str],
         operator_secrets: list[dict],
-        operator_hosts: list[str],
+        operator_services: dict[str, int],
     ):
         """``tokens``: each ServiceAccount's token, by name, for the pods that run as it;
         ``operator_secrets``: the Secrets the operator made before installing;
-        ``operator_hosts``: names of the operator's own Services the pods reach (a
-        database), which cluster DNS would resolve."""
+        ``operator_services``: the operator's own Services the pods reach (a database), by
+        name, with the port their endpoint listens on at this machine's loopback."""
         self.manifests = manifests
         self.root = root
+        self.cluster = cluster
         self.tokens = tokens
         self.operator_secrets = operator_secrets
+        self.operator_services = operator_services
         self.procs: dict[str, subprocess.Popen] = {}
-        services = manifests.of_kind("Service")
+        #: the address of each pod on the pod network, by pod name
+        self.pod_ips: dict[str, str] = {}
+        self._networks: dict[str, list[str]] = {}
+        self._relays = contextlib.ExitStack()
         kubernetes_service = {
             "metadata": {"name": "kubernetes"},
             "spec": {"ports": [{"name": "https", "port": api_port}]},
         }
-        self.service_env = service_environment([kubernetes_service, *services], LOOPBACK)
-        self.service_names = [s["metadata"]["name"] for s in services] + operator_hosts
+        self.services = [kubernetes_service, *manifests.of_kind("Service")]
         self.ca_cert = ca_cert
         # the claims of the release (hub-db-dir, gputap-billing), kept across pod restarts
         self.claims = {
             claim["metadata"]["name"]: root / "claims" / claim["metadata"]["name"]
             for claim in manifests.of_kind("PersistentVolumeClaim")
         }
+
+    def service_names(self) -> list[str]:
+        """The release's Services and the operator's, as cluster DNS would resolve them."""
+        names = [s["metadata"]["name"] for s in self.services[1:]]
+        return [*names, *self.operator_services]
 
     def image_environment(self, pod_name: str) -> dict[str, str]:
         """What the images would set: this machine's Python environment and proxy stand for
@@ -330,52 +352,89 @@ class Release:
             "LANG": "C.UTF-8",
         }
 
+    def pod_network(self, pod_name: str) -> list[str]:
+        """The pod's network namespace on the pod network (its containers share it), made
+        with its first container; with the first one the operator's Services are routed
+        from the gateway."""
+        if pod_name not in self._networks:
+            if not self._networks:
+                for port in self.operator_services.values():
+                    relay = ServiceRelay(self.cluster.host_ip, port, (LOOPBACK, port))
+                    self._relays.enter_context(relay)
+            ip, prefix = self.cluster.pod_network_namespace()
+            self.pod_ips[pod_name], self._networks[pod_name] = ip, prefix
+        return self._networks[pod_name]
+
     def run(
-        self, deployment_name: str, container: dict, workdir: str, tag: str = ""
+        self, deployment_name: str, container: dict, workdir: str, tag: str = "", replica: int = 0
     ) -> subprocess.Popen:
-        """Start one container of a rendered Deployment's pod as the kubelet would."""
+        """Start one container of the ``replica``-th pod of a rendered Deployment as the
+        kubelet would; its log is NAME.log, NAME the Deployment's, ``-replica`` after the
+        first, ``tag``."""
         deployment = self.manifests.one("Deployment", deployment_name)
         pod_spec = deployment["spec"]["template"]["spec"]
-        pod_name = f"{deployment_name}-0"
+        pod_name = f"{deployment_name}-{replica}"
         account = pod_spec.get("serviceAccountName") or "default"
+        name = f"{deployment_name}{f'-{replica}' if replica else ''}{tag}"
         folder = self.root / f"{pod_name}{tag}"
         (folder / "home").mkdir(parents=True)
-        base = {**self.image_environment(pod_name), **self.service_env}
+        # where the pod reaches the Services (what cluster IPs and DNS would answer)
+        network = self.pod_network(pod_name) if replica else []
+        service_ip = self.cluster.host_ip if replica else LOOPBACK
+        base = {
+            **self.image_environment(pod_name),
+            **service_environment(self.services, service_ip),
+        }
         base["HOME"] = str(folder / "home")
         fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name}
         env = container_environment(container, self.manifests, fields, base, self.operator_secrets)
         mounts = [
-            hosts_mount(folder, pod_name, self.service_names, LOOPBACK),
+            hosts_mount(folder, pod_name, self.service_names(), service_ip),
             *container_mounts(pod_spec, container, self.manifests, folder / "volumes", self.claims),
         ]
         if automounts_token(pod_spec, self.manifests, account):
             token = self.tokens[account]
             mounts.append(service_account_mount(folder, token, self.ca_cert, NAMESPACE))
-        log = self.root / f"{deployment_name}{tag}.log"
+        log = self.root / f"{name}.log"
         read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem")
         argv = container_argv(container, env)
-        proc = run_in_pod(argv, env, mounts, folder / "scratch", workdir, log, bool(read_only))
-        self.procs[f"{deployment_name}{tag}"] = proc
+        proc = run_in_pod(
+            argv, env, mounts, folder / "scratch", workdir, log, bool(read_only), network
+        )
+        self.procs[name] = proc
         return proc
 
     def start(self) -> None:
         proxy = self.manifests.one("Deployment", "proxy")
         (chp,) = proxy["spec"]["template"]["spec"]["containers"]
         self.run("proxy", chp, "/")
-        billing = self.manifests.one("Deployment", "gputap-billing")["spec"]["template"]["spec"]
-        for init in billing.get("initContainers") or []:
-            tag = f"-{init['name']}"
-            if self.run("gputap-billing", init, "/", tag=tag).wait(120) != 0:
-                log = self.log(f"gputap-billing{tag}")
-                raise AssertionError(f"billing's {init['name']} failed:\n{log}")
-        (billing_container,) = billing["containers"]
-        self.run("gputap-billing", billing_container, "/")
+        billing = self.manifests.one("Deployment", "gputap-billing")["spec"]
+        pod = billing["template"]["spec"]
+        for replica in range(billing["replicas"]):
+            for init in pod.get("initContainers") or []:
+                tag = f"-{init['name']}"
+                if self.run("gputap-billing", init, "/", tag, replica).wait(120) != 0:
+                    log = self.log(f"gputap-billing{f'-{replica}' if replica else ''}{tag}")
+                    raise AssertionError(f"billing's {init['name']} failed:\n{log}")
+            (billing_container,) = pod["containers"]
+            self.run("gputap-billing", billing_container, "/", replica=replica)
         hub = self.manifests.one("Deployment", "hub")
         (hub_container,) = [
             c for c in hub["spec"]["template"]["spec"]["containers"] if c["name"] == "hub"
         ]
         # the k8s-hub image's WORKDIR: z2jh's sqlite-pvc database is jupyterhub.sqlite there
         self.run("hub", hub_container, "/srv/jupyterhub")
+
+    def billing_urls(self) -> list[str]:
+        """Where each billing pod answers: the first through the proxy (as its Service
+        routes), the others at their pod address."""
+        port = self.manifests.one("Service", "gputap-billing")["spec"]["ports"][0]["port"]
+        others = [
+            f"http://{ip}:{port}/services/billing"
+            for pod, ip in sorted(self.pod_ips.items())
+            if pod.startswith("gputap-billing-")
+        ]
+        return [f"{PROXY}/services/billing", *others]
 
     def log(self, name: str, lines: int = 60) -> str:
         try:
@@ -411,6 +470,7 @@ class Release:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._relays.close()
 
 
 @dataclass(frozen=True)
@@ -594,7 +654,8 @@ def kube_api(cluster) -> kubernetes.client.CoreV1Api:
 @pytest.fixture(scope="module")
 def release(manifests, cluster, operator_secrets, database, tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
-    certificate = serving_certificate(root / "cluster-ca")
+    # for the API where pods reach it: here, and at the pod network's gateway
+    certificate = serving_certificate(root / "cluster-ca", ips=(LOOPBACK, cluster.host_ip))
     api_port = cluster.serve_tls(certificate)
     pods = [manifests.one("Deployment", name) for name in ("hub", "proxy", "gputap-billing")]
     wait_ports_free(pods)
@@ -602,13 +663,16 @@ def release(manifests, cluster, operator_secrets, database, tmp_path_factory):
     # (`default`): the place for the tokens the cluster issues each ServiceAccount
     accounts = ["default", *(a["metadata"]["name"] for a in manifests.of_kind("ServiceAccount"))]
     tokens = {account: cluster.service_account_token(NAMESPACE, account) for account in accounts}
-    # the operator's database Service, where cluster DNS would resolve it
-    hosts = ["postgres"] if database is not None else []
-    r = Release(manifests, root, api_port, certificate.ca_cert, tokens, operator_secrets, hosts)
+    # the operator's database Service, its endpoint on this machine
+    services = {"postgres": 5432} if database is not None else {}
+    r = Release(
+        manifests, root, cluster, api_port, certificate.ca_cert, tokens, operator_secrets, services
+    )
     try:
         r.start()
         r.wait_up(f"{PROXY}/hub/health")
-        r.wait_up(f"{PROXY}/services/billing/health")
+        for url in r.billing_urls():
+            r.wait_up(f"{url}/health")
         yield r
     finally:
         r.stop()
@@ -646,10 +710,11 @@ def user_token(s: requests.Session, name: str) -> dict[str, str]:
     return {"Authorization": f"token {r.json()['token']}"}
 
 
-def billing_sessions(token: dict[str, str], name: str) -> list[dict]:
-    """The user's sessions as billing's API shows them to the user."""
-    url = f"{PROXY}/services/billing/api/sessions?username={name}"
-    r = requests.get(url, headers=token, timeout=30)
+def billing_sessions(
+    token: dict[str, str], name: str, billing: str = f"{PROXY}/services/billing"
+) -> list[dict]:
+    """The user's sessions as billing's API (at ``billing``) shows them to the user."""
+    r = requests.get(f"{billing}/api/sessions?username={name}", headers=token, timeout=30)
     assert r.ok, r.text
     return r.json()["sessions"]
 
@@ -713,6 +778,15 @@ def test_the_hub_is_gputap_on_z2jh_config_with_custom_gputap(example, release):
     for text in example.page:
         assert text in page, text
     assert f'id="gputap-available">{example.credit}<' in page
+    if example.github_org:
+        # someone outside the allowed organization is turned away at the callback
+        r = github_sign_in(requests.Session(), f"{PROXY}/hub/oauth_login", "dave")
+        assert r.status_code == 403 and example.github_org in r.text, r.text[:1000]
+    # billing: SQLite on its claim and one pod, or PostgreSQL and the pods the values ask for
+    billing = release.manifests.one("Deployment", "gputap-billing")
+    assert billing["spec"]["replicas"] == example.billing_replicas == len(release.billing_urls())
+    claims = [c["metadata"]["name"] for c in release.manifests.of_kind("PersistentVolumeClaim")]
+    assert ("gputap-billing" in claims) is not example.postgres
 
 
 def test_a_mig_slice_server_is_metered_to_the_second(example, release, cluster):
@@ -754,3 +828,7 @@ def test_a_mig_slice_server_is_metered_to_the_second(example, release, cluster):
     assert session["price_per_hour_micro"] == example.slice_price_micro, session
     assert abs(parse(session["started_at"]) - started) <= timedelta(seconds=1), (session, started)
     assert abs(parse(session["ended_at"]) - requested) <= timedelta(seconds=1), (session, requested)
+    # every billing pod meters the cluster's pods and answers from the one ledger, where the
+    # session is once
+    for url in release.billing_urls()[1:]:
+        assert billing_sessions(token, "bea", url) == [session], url
