@@ -7,7 +7,9 @@ keys, ``subPath`` mounts, claims and emptyDirs as folders) and mounted at the co
 paths in a mount namespace of its own (``unshare --mount``, we are root), so nothing is written
 to the machine's /usr/local/etc/jupyterhub or /srv. Where a mount point does not exist here,
 its nearest existing parent is covered by an overlay whose changes go to a scratch folder: the
-container's own filesystem, never the machine's.
+container's own filesystem, never the machine's. The program then runs as the container's user
+(``setpriv``: runAsUser, runAsGroup, fsGroup as a group), the volumes given to the fsGroup
+first, as the simulated kubelet does for servers (tests/kube_sim/volumes.py).
 
 Kubernetes' rules followed (https://kubernetes.io/docs/):
 - Services' variables: concepts/services-networking/service/#environment-variables
@@ -30,14 +32,25 @@ import base64
 import os
 import shlex
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tests.kube_sim.kubelet import expand
+from tests.kube_sim.volumes import (
+    ProcessUser,
+    apply_fs_group,
+    drop_privileges,
+    expose_paths,
+    process_user,
+)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: the "images'" own files a non-root container must read: this machine's Python, which may
+#: live under a folder others cannot enter (/root)
+IMAGE_PATHS = (sys.base_prefix,)
 
 
 class Manifests:
@@ -177,24 +190,35 @@ def container_mounts(
     claims: dict[str, Path],
 ) -> list[Mount]:
     """The container's ``volumeMounts`` with each volume laid out under ``root``: ConfigMaps
-    and Secrets as one file per key, emptyDirs as new folders, claims as the folders
-    ``claims`` gives by claim name (they outlive the pod)."""
+    and Secrets as one file per key, emptyDirs as new folders (0777), claims as the folders
+    ``claims`` gives by claim name (they outlive the pod; a fresh one is root's, 0755, as a
+    new volume arrives). The pod's ``fsGroup`` is then applied to each, as the kubelet
+    applies it (tests/kube_sim/volumes.py)."""
     sources: dict[str, Path] = {}
+    fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
     for volume in pod_spec.get("volumes") or []:
         folder = root / volume["name"]
+        read_only = False
         if "configMap" in volume:
             ref = volume["configMap"]
             _write_keys(folder, manifests.configmap_data(ref["name"]), ref.get("items"))
+            read_only = True
         elif "secret" in volume:
             ref = volume["secret"]
             _write_keys(folder, manifests.secret_data(ref["secretName"]), ref.get("items"))
+            read_only = True
         elif "emptyDir" in volume:
             folder.mkdir(parents=True)
+            folder.chmod(0o777)
         elif "persistentVolumeClaim" in volume:
             folder = claims[volume["persistentVolumeClaim"]["claimName"]]
-            folder.mkdir(parents=True, exist_ok=True)
+            if not folder.exists():
+                folder.mkdir(parents=True)
+                folder.chmod(0o755)
         else:
             raise ValueError(f"volume {volume['name']}: no stand-in for its kind")
+        if fs_group is not None:
+            apply_fs_group(str(folder), int(fs_group), read_only)
         sources[volume["name"]] = folder
     mounts = []
     for mount in container.get("volumeMounts") or []:
@@ -203,6 +227,14 @@ def container_mounts(
             source = source / mount["subPath"]
         mounts.append(Mount(source, mount["mountPath"].rstrip("/") or "/"))
     return mounts
+
+
+def container_user(pod_spec: dict, container: dict) -> ProcessUser:
+    """Whom the container runs as: its securityContext's runAsUser and runAsGroup over the
+    pod's, the pod's fsGroup as a supplementary group (the kubelet's rule,
+    tests/kube_sim/volumes.py). The rendered pods say their users; an image's USER
+    (root here) only counts where they do not."""
+    return process_user({"spec": pod_spec}, container, images={})
 
 
 def automounts_token(pod_spec: dict, manifests: Manifests, account: str) -> bool:
@@ -243,13 +275,23 @@ def _nearest_existing(path: PurePosixPath) -> PurePosixPath:
     return PurePosixPath(os.path.realpath(path))
 
 
-def mount_script(mounts: list[Mount], scratch: Path, workdir: str, read_only_root: bool) -> str:
+def mount_script(
+    mounts: list[Mount],
+    scratch: Path,
+    workdir: str,
+    read_only_root: bool,
+    user: ProcessUser | None = None,
+) -> str:
     """A shell script that, run in a new mount namespace, makes the container's view: an
     overlay over each parent that lacks a mount point, the mounts parents first, then
-    ``exec "$@"`` in ``workdir``. A mount over a folder that holds another mount's source
-    comes after it (bind sources are looked up when mounted). ``read_only_root``
+    ``exec "$@"`` in ``workdir``, as ``user`` when given (with IMAGE_PATHS readable to it).
+    A mount over a folder that holds another mount's source comes after it (bind sources
+    are looked up when mounted). ``read_only_root``
     (``securityContext.readOnlyRootFilesystem``): everything but the mounts is read-only."""
     lines = ["set -e"]
+    if user is not None and user.uid != 0:
+        # first: a mount may cover the staging folder (an emptyDir at /tmp)
+        lines += expose_paths(list(IMAGE_PATHS), str(scratch / "image"))
     covered: list[PurePosixPath] = []
     for mount in mounts:
         target = PurePosixPath(mount.target)
@@ -285,7 +327,7 @@ def mount_script(mounts: list[Mount], scratch: Path, workdir: str, read_only_roo
         lines.append("mount -o remount,bind,ro /")
         lines += [f"mount -o remount,ro {shlex.quote(str(parent))}" for parent in covered]
     lines.append(f"cd {shlex.quote(workdir)}")
-    lines.append('exec "$@"')
+    lines.append(f'exec {drop_privileges(user) if user else ""}"$@"')
     return "\n".join(lines)
 
 
@@ -298,11 +340,13 @@ def run_in_pod(
     log: Path,
     read_only_root: bool = False,
     network: Sequence[str] = (),
+    user: ProcessUser | None = None,
 ) -> subprocess.Popen:
-    """Start ``argv`` in a mount namespace of its own that shows ``mounts``. ``network``: the
-    command prefix that enters the pod's network namespace (``nsenter --net=...``, from the
-    simulated cluster's pod network); none: this machine's network."""
-    script = mount_script(mounts, scratch, workdir, read_only_root)
+    """Start ``argv`` in a mount namespace of its own that shows ``mounts``, as ``user``
+    (:func:`container_user`; None: root). ``network``: the command prefix that enters the
+    pod's network namespace (``nsenter --net=...``, from the simulated cluster's pod
+    network); none: this machine's network."""
+    script = mount_script(mounts, scratch, workdir, read_only_root, user)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [

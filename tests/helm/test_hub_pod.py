@@ -2,6 +2,7 @@
 Services' variables and the container's environment are as Kubernetes gives them."""
 
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tests.helm.hub_pod import (
     automounts_token,
     container_environment,
     container_mounts,
+    container_user,
     run_in_pod,
     service_environment,
 )
@@ -21,11 +23,13 @@ from tests.helm.hub_pod import (
 MISSING = "/usr/local/etc/gputap-hub-pod-test/config"
 
 
-def run(tmp_path: Path, mounts: list[Mount], script: str, read_only_root: bool = False) -> str:
+def run(
+    tmp_path: Path, mounts: list[Mount], script: str, read_only_root: bool = False, user=None
+) -> str:
     log = tmp_path / "out.log"
     proc = run_in_pod(
         ["sh", "-c", script], {"PATH": "/usr/bin:/bin"}, mounts, tmp_path / "scratch", "/", log,
-        read_only_root,
+        read_only_root, user=user,
     )  # fmt: skip
     assert proc.wait(30) == 0, log.read_text()
     return log.read_text()
@@ -160,3 +164,32 @@ def test_a_service_relay_passes_connections_to_its_endpoint_both_ways():
         # the endpoint closed: so does the relayed connection
         assert client.recv(100) == b""
     endpoint.close()
+
+
+def test_a_container_runs_as_its_user_and_its_volumes_are_its_fs_groups(tmp_path):
+    pod_spec = {
+        "securityContext": {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000},
+        "volumes": [
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+    }
+    container = {
+        "securityContext": {"runAsUser": 1001},
+        "volumeMounts": [
+            {"name": "data", "mountPath": MISSING},
+            {"name": "tmp", "mountPath": f"{MISSING}-tmp"},
+        ],
+    }
+    claims = {"data": tmp_path / "claims" / "data"}
+    mounts = container_mounts(pod_spec, container, Manifests([]), tmp_path / "volumes", claims)
+    user = container_user(pod_spec, container)
+    touch = f"touch {MISSING}/ok {MISSING}-tmp/ok"
+    script = f"id -u; id -g; id -G; {touch}; {sys.executable} -c 1 && echo py"
+    out = run(tmp_path, mounts, script, user=user).split()
+    # the container's runAsUser over the pod's, the pod's runAsGroup, fsGroup as a group
+    assert out[:3] == ["1001", "1000", "1000"] and "2000" in out[3:], out
+    assert out[-1] == "py"  # this machine's Python (the image's) is readable to that user
+    # the fresh claim (root's, 0755) was given to the fsGroup: the file is the group's too
+    made = claims["data"] / "ok"
+    assert (made.stat().st_uid, made.stat().st_gid) == (1001, 2000)

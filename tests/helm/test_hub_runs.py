@@ -49,10 +49,17 @@ pieces find each other, and why:
 - RBAC: the cluster holds the rendered ServiceAccounts, roles and bindings, each pod's service
   account volume carries the token the cluster issued its ServiceAccount, and nothing the hub
   or billing asked was refused.
+- Users: each container runs as its rendered securityContext says (runAsUser and runAsGroup,
+  the pod's fsGroup as a supplementary group: the hub 1000, the proxy 65534, billing 1000),
+  its volumes given to the fsGroup as the kubelet gives them (a fresh claim is root's, 0755),
+  billing's root filesystem read-only; the image's WORKDIR (the hub's /srv/jupyterhub where
+  no volume is mounted) is the image user's folder in the container's own layer, gone with
+  the pod.
 
-Not stood in for: the images (this machine's virtualenv and node_modules play the hub, billing
-and proxy images), `runAsUser` of the hub, proxy and billing pods (they run as root here),
-probes, NetworkPolicies, and routing through the Services.
+Not stood in for: the images (this machine's virtualenv, Python and node_modules play the hub,
+billing and proxy images, readable to the pods' users; their files' owners are this
+machine's), probes, NetworkPolicies, the seccomp profile and dropped capabilities, and routing
+through the Services (beyond ServiceRelay's one port for the second billing pod).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import os
 import secrets
 import socket
 import subprocess
@@ -67,7 +75,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import kubernetes
 import kubernetes.utils
@@ -81,11 +89,13 @@ from tests.github_sim.client import sign_in as github_sign_in
 from tests.helm import test_chart
 from tests.helm.hub_pod import (
     Manifests,
+    Mount,
     ServiceRelay,
     automounts_token,
     container_argv,
     container_environment,
     container_mounts,
+    container_user,
     hosts_mount,
     run_in_pod,
     service_account_mount,
@@ -95,6 +105,7 @@ from tests.integration.test_form import row
 from tests.kube.conftest import singleuser_image_user
 from tests.kube_sim.cluster import STANDARD_CLASSES, SimulatedCluster, admin_key
 from tests.kube_sim.tls import serving_certificate
+from tests.kube_sim.volumes import ProcessUser
 from tests.postgres import admin_connection
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -314,6 +325,7 @@ class Release:
         self.operator_secrets = operator_secrets
         self.operator_services = operator_services
         self.procs: dict[str, subprocess.Popen] = {}
+        self.users: dict[str, ProcessUser] = {}
         #: the address of each pod on the pod network, by pod name
         self.pod_ips: dict[str, str] = {}
         self._networks: dict[str, list[str]] = {}
@@ -377,7 +389,10 @@ class Release:
         account = pod_spec.get("serviceAccountName") or "default"
         name = f"{deployment_name}{f'-{replica}' if replica else ''}{tag}"
         folder = self.root / f"{pod_name}{tag}"
+        user = container_user(pod_spec, container)
+        # the image's home, its user's
         (folder / "home").mkdir(parents=True)
+        os.chown(folder / "home", user.uid, user.gid)
         # where the pod reaches the Services (what cluster IPs and DNS would answer)
         network = self.pod_network(pod_name) if replica else []
         service_ip = self.cluster.host_ip if replica else LOOPBACK
@@ -395,13 +410,23 @@ class Release:
         if automounts_token(pod_spec, self.manifests, account):
             token = self.tokens[account]
             mounts.append(service_account_mount(folder, token, self.ca_cert, NAMESPACE))
+        if workdir != "/" and not any(
+            PurePosixPath(workdir).is_relative_to(m.target) for m in mounts
+        ):
+            # the image's WORKDIR where no volume is mounted: its user's (the k8s-hub image's
+            # /srv/jupyterhub is jovyan's), in the container's own layer, gone with the pod
+            image_dir = folder / "workdir"
+            image_dir.mkdir()
+            os.chown(image_dir, user.uid, user.gid)
+            mounts.append(Mount(image_dir, workdir))
         log = self.root / f"{name}.log"
         read_only = (container.get("securityContext") or {}).get("readOnlyRootFilesystem")
         argv = container_argv(container, env)
         proc = run_in_pod(
-            argv, env, mounts, folder / "scratch", workdir, log, bool(read_only), network
+            argv, env, mounts, folder / "scratch", workdir, log, bool(read_only), network, user
         )
         self.procs[name] = proc
+        self.users[name] = user
         return proc
 
     def start(self) -> None:
@@ -768,6 +793,9 @@ def test_the_hub_is_gputap_on_z2jh_config_with_custom_gputap(example, release):
     assert "Using Spawner: spawner.kube.spawner.GPUKubeSpawner" in log
     # the hub saw them in its own mount namespace, not on this machine
     assert not Path("/usr/local/etc/jupyterhub").exists()
+    # users' GitHub tokens are encrypted with z2jh's key, kept in its Secret, never with one
+    # the hub made on its pod's disk (lost with the pod where no volume holds it)
+    assert "created the auth_state encryption key" not in log
     page = sign_in(example, "ada").get(f"{PROXY}/hub/spawn", timeout=30).content.decode()
     # GPUKubeSpawner's form: the nodes' GPUs, read from the cluster in-cluster, at the prices
     # of custom.gputap (or the defaults); the trial credit of custom.gputap
@@ -787,6 +815,36 @@ def test_the_hub_is_gputap_on_z2jh_config_with_custom_gputap(example, release):
     assert billing["spec"]["replicas"] == example.billing_replicas == len(release.billing_urls())
     claims = [c["metadata"]["name"] for c in release.manifests.of_kind("PersistentVolumeClaim")]
     assert ("gputap-billing" in claims) is not example.postgres
+
+
+#: whom each pod runs as: z2jh's hub (jovyan) and proxy (nobody), gputap's billing; the
+#: volumes' group (fsGroup)
+RUN_AS = {
+    "hub": (1000, 1000, {1000}),
+    "proxy": (65534, 65534, set()),
+    "gputap-billing": (1000, 1000, {1000}),
+}
+
+
+def proc_ids(pid: int) -> tuple[int, int, set[int]]:
+    """A process's effective uid, gid and supplementary groups."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    uid, gid = int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
+    return uid, gid, {int(g) for g in fields["Groups"].split()}
+
+
+def test_each_pod_runs_as_the_user_its_securitycontext_says(release):
+    for name, (uid, gid, groups) in RUN_AS.items():
+        proc = release.procs[name]
+        assert proc.poll() is None, f"{name} exited:\n{release.log(name)}"
+        assert proc_ids(proc.pid) == (uid, gid, groups), name
+    # what billing keeps, it keeps as its user on its volume (SQLite), never as root
+    claim = release.claims.get("gputap-billing")
+    if claim is not None:
+        ledger = claim / "billing.sqlite"
+        assert (ledger.stat().st_uid, ledger.stat().st_gid) == (1000, 1000)
 
 
 def test_a_mig_slice_server_is_metered_to_the_second(example, release, cluster):
