@@ -871,8 +871,15 @@ def test_a_mig_slice_server_is_metered_to_the_second(example, release, cluster):
     assert limits[f"nvidia.com/mig-{profile}"] == "1" and "nvidia.com/gpu" not in limits
     assert pod["spec"]["nodeName"] == example.slice_node
     assert pod["spec"]["priorityClassName"] == example.slice_priority_class
+    # scheduled by z2jh's user-scheduler where the values enable it
+    schedulers = user_scheduler_names(release.manifests) or ("default-scheduler",)
+    assert pod["spec"].get("schedulerName", "default-scheduler") in schedulers
     claim = kube_api(cluster).read_namespaced_persistent_volume_claim("home-bea", NAMESPACE)
     assert claim.spec.resources.requests["storage"] == example.home_size
+    # the values' StorageClass, else the cluster's default
+    kube = example.values().get("jupyterhub", {}).get("custom", {}).get("gputap", {})
+    kube = kube.get("spawner", {}).get("kubernetes", {})
+    assert claim.spec.storage_class_name == (kube.get("storage_class") or "standard-rwo")
     started = parse(pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
     r = s.delete(f"{PROXY}/hub/api/users/bea/server", timeout=90)
     assert r.status_code in (202, 204), r.text
