@@ -3,8 +3,9 @@
 Teams reach ``auth_state`` and become JupyterHub groups named ``org:team`` (lower case);
 ``admin_teams`` are JupyterHub admins; ``allowed_organizations`` (organizations or
 ``org:team``) restrict sign-up, else any GitHub user may sign up. auth_state (which holds the
-user's GitHub token) is encrypted with ``JUPYTERHUB_CRYPT_KEY`` or, without it, a key kept in
-``hub.crypt_key_file``. See docs/github.md.
+user's GitHub token) is encrypted with ``JUPYTERHUB_CRYPT_KEY``, else the keys the hub was
+configured with (z2jh's, from its Secret), else a key kept in ``hub.crypt_key_file``. See
+docs/github.md.
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ def configure_github(
         for name in [*github["allowed_organizations"], *github["admin_teams"], *instructor_teams]
     }
     c.JupyterHub.template_vars = {**c.JupyterHub.get("template_vars", {}), "gputap_github": True}
-    # JUPYTERHUB_CRYPT_KEY, when set, is read by JupyterHub itself (and may rotate keys)
-    if not os.environ.get("JUPYTERHUB_CRYPT_KEY"):
+    # JUPYTERHUB_CRYPT_KEY, when set, is read by JupyterHub itself (and may rotate keys);
+    # keys already configured are z2jh's, from its Secret `hub` (kept across upgrades), which
+    # a file on the hub pod's disk must not replace: without a volume there it would be lost
+    # with the pod, and every user's GitHub token with it
+    if not os.environ.get("JUPYTERHUB_CRYPT_KEY") and not c.CryptKeeper.get("keys"):
         c.CryptKeeper.keys = [ensure_crypt_key(Path(hub["crypt_key_file"]))]
 
 

@@ -7,7 +7,9 @@ keys, ``subPath`` mounts, claims and emptyDirs as folders) and mounted at the co
 paths in a mount namespace of its own (``unshare --mount``, we are root), so nothing is written
 to the machine's /usr/local/etc/jupyterhub or /srv. Where a mount point does not exist here,
 its nearest existing parent is covered by an overlay whose changes go to a scratch folder: the
-container's own filesystem, never the machine's.
+container's own filesystem, never the machine's. The program then runs as the container's user
+(``setpriv``: runAsUser, runAsGroup, fsGroup as a group), the volumes given to the fsGroup
+first, as the simulated kubelet does for servers (tests/kube_sim/volumes.py).
 
 Kubernetes' rules followed (https://kubernetes.io/docs/):
 - Services' variables: concepts/services-networking/service/#environment-variables
@@ -25,16 +27,30 @@ Kubernetes' rules followed (https://kubernetes.io/docs/):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import shlex
 import subprocess
+import sys
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tests.kube_sim.kubelet import expand
+from tests.kube_sim.volumes import (
+    ProcessUser,
+    apply_fs_group,
+    drop_privileges,
+    expose_paths,
+    process_user,
+)
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: the "images'" own files a non-root container must read: this machine's Python, which may
+#: live under a folder others cannot enter (/root)
+IMAGE_PATHS = (sys.base_prefix,)
 
 
 class Manifests:
@@ -52,10 +68,7 @@ class Manifests:
         return [m for m in self.items if m["kind"] == kind]
 
     def secret_data(self, name: str) -> dict[str, bytes]:
-        secret = self.one("Secret", name)
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
-        return data
+        return secret_data(self.one("Secret", name))
 
     def configmap_data(self, name: str) -> dict[str, bytes]:
         config = self.one("ConfigMap", name)
@@ -91,21 +104,48 @@ def service_environment(services: list[dict], cluster_ip: str) -> dict[str, str]
     return env
 
 
+def secret_data(secret: dict) -> dict[str, bytes]:
+    """A Secret's keys and values, ``data`` decoded and ``stringData`` over it."""
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    data.update({k: v.encode() for k, v in (secret.get("stringData") or {}).items()})
+    return data
+
+
+def _secret_value(ref: dict, secrets: Sequence[dict], namespace: str) -> str:
+    """A ``secretKeyRef``'s value, or the kubelet's refusal to start the container
+    (CreateContainerConfigError) in its words."""
+    found = [s for s in secrets if s["metadata"]["name"] == ref["name"]]
+    if not found:
+        raise ValueError(f'secret "{ref["name"]}" not found')
+    data = secret_data(found[0])
+    if ref["key"] not in data:
+        raise ValueError(f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}")
+    return data[ref["key"]].decode()
+
+
 def container_environment(
-    container: dict, manifests: Manifests, pod: dict[str, str], base: dict[str, str]
+    container: dict,
+    manifests: Manifests,
+    pod: dict[str, str],
+    base: dict[str, str],
+    secrets: Sequence[dict] = (),
 ) -> dict[str, str]:
     """``base`` (the image's and the Services' variables) with the container's own ``env``
     over it, in order, each value expanded against those before it. ``pod``: the
-    ``metadata.*`` fields a ``fieldRef`` may name (``metadata.namespace``, ...)."""
+    ``metadata.*`` fields a ``fieldRef`` may name (``metadata.namespace``, ...). A
+    ``secretKeyRef`` names a rendered Secret or one of ``secrets``, those the cluster holds
+    besides the release's (the operator's, made before ``helm install``)."""
     env = dict(base)
+    cluster_secrets = [*manifests.of_kind("Secret"), *secrets]
     for var in container.get("env") or []:
         if "value" in var:
             env[var["name"]] = expand(str(var["value"]), env)
             continue
         source = var["valueFrom"]
         if "secretKeyRef" in source:
+            namespace = pod.get("metadata.namespace", "")
             ref = source["secretKeyRef"]
-            env[var["name"]] = manifests.secret_data(ref["name"])[ref["key"]].decode()
+            env[var["name"]] = _secret_value(ref, cluster_secrets, namespace)
         elif "configMapKeyRef" in source:
             ref = source["configMapKeyRef"]
             env[var["name"]] = manifests.configmap_data(ref["name"])[ref["key"]].decode()
@@ -150,24 +190,35 @@ def container_mounts(
     claims: dict[str, Path],
 ) -> list[Mount]:
     """The container's ``volumeMounts`` with each volume laid out under ``root``: ConfigMaps
-    and Secrets as one file per key, emptyDirs as new folders, claims as the folders
-    ``claims`` gives by claim name (they outlive the pod)."""
+    and Secrets as one file per key, emptyDirs as new folders (0777), claims as the folders
+    ``claims`` gives by claim name (they outlive the pod; a fresh one is root's, 0755, as a
+    new volume arrives). The pod's ``fsGroup`` is then applied to each, as the kubelet
+    applies it (tests/kube_sim/volumes.py)."""
     sources: dict[str, Path] = {}
+    fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
     for volume in pod_spec.get("volumes") or []:
         folder = root / volume["name"]
+        read_only = False
         if "configMap" in volume:
             ref = volume["configMap"]
             _write_keys(folder, manifests.configmap_data(ref["name"]), ref.get("items"))
+            read_only = True
         elif "secret" in volume:
             ref = volume["secret"]
             _write_keys(folder, manifests.secret_data(ref["secretName"]), ref.get("items"))
+            read_only = True
         elif "emptyDir" in volume:
             folder.mkdir(parents=True)
+            folder.chmod(0o777)
         elif "persistentVolumeClaim" in volume:
             folder = claims[volume["persistentVolumeClaim"]["claimName"]]
-            folder.mkdir(parents=True, exist_ok=True)
+            if not folder.exists():
+                folder.mkdir(parents=True)
+                folder.chmod(0o755)
         else:
             raise ValueError(f"volume {volume['name']}: no stand-in for its kind")
+        if fs_group is not None:
+            apply_fs_group(str(folder), int(fs_group), read_only)
         sources[volume["name"]] = folder
     mounts = []
     for mount in container.get("volumeMounts") or []:
@@ -176,6 +227,14 @@ def container_mounts(
             source = source / mount["subPath"]
         mounts.append(Mount(source, mount["mountPath"].rstrip("/") or "/"))
     return mounts
+
+
+def container_user(pod_spec: dict, container: dict) -> ProcessUser:
+    """Whom the container runs as: its securityContext's runAsUser and runAsGroup over the
+    pod's, the pod's fsGroup as a supplementary group (the kubelet's rule,
+    tests/kube_sim/volumes.py). The rendered pods say their users; an image's USER
+    (root here) only counts where they do not."""
+    return process_user({"spec": pod_spec}, container, images={})
 
 
 def automounts_token(pod_spec: dict, manifests: Manifests, account: str) -> bool:
@@ -216,13 +275,23 @@ def _nearest_existing(path: PurePosixPath) -> PurePosixPath:
     return PurePosixPath(os.path.realpath(path))
 
 
-def mount_script(mounts: list[Mount], scratch: Path, workdir: str, read_only_root: bool) -> str:
+def mount_script(
+    mounts: list[Mount],
+    scratch: Path,
+    workdir: str,
+    read_only_root: bool,
+    user: ProcessUser | None = None,
+) -> str:
     """A shell script that, run in a new mount namespace, makes the container's view: an
     overlay over each parent that lacks a mount point, the mounts parents first, then
-    ``exec "$@"`` in ``workdir``. A mount over a folder that holds another mount's source
-    comes after it (bind sources are looked up when mounted). ``read_only_root``
+    ``exec "$@"`` in ``workdir``, as ``user`` when given (with IMAGE_PATHS readable to it).
+    A mount over a folder that holds another mount's source comes after it (bind sources
+    are looked up when mounted). ``read_only_root``
     (``securityContext.readOnlyRootFilesystem``): everything but the mounts is read-only."""
     lines = ["set -e"]
+    if user is not None and user.uid != 0:
+        # first: a mount may cover the staging folder (an emptyDir at /tmp)
+        lines += expose_paths(list(IMAGE_PATHS), str(scratch / "image"))
     covered: list[PurePosixPath] = []
     for mount in mounts:
         target = PurePosixPath(mount.target)
@@ -258,7 +327,7 @@ def mount_script(mounts: list[Mount], scratch: Path, workdir: str, read_only_roo
         lines.append("mount -o remount,bind,ro /")
         lines += [f"mount -o remount,ro {shlex.quote(str(parent))}" for parent in covered]
     lines.append(f"cd {shlex.quote(workdir)}")
-    lines.append('exec "$@"')
+    lines.append(f'exec {drop_privileges(user) if user else ""}"$@"')
     return "\n".join(lines)
 
 
@@ -270,12 +339,18 @@ def run_in_pod(
     workdir: str,
     log: Path,
     read_only_root: bool = False,
+    network: Sequence[str] = (),
+    user: ProcessUser | None = None,
 ) -> subprocess.Popen:
-    """Start ``argv`` in a mount namespace of its own that shows ``mounts``."""
-    script = mount_script(mounts, scratch, workdir, read_only_root)
+    """Start ``argv`` in a mount namespace of its own that shows ``mounts``, as ``user``
+    (:func:`container_user`; None: root). ``network``: the command prefix that enters the
+    pod's network namespace (``nsenter --net=...``, from the simulated cluster's pod
+    network); none: this machine's network."""
+    script = mount_script(mounts, scratch, workdir, read_only_root, user)
     with open(log, "ab") as out:
         return subprocess.Popen(
             [
+                *network,
                 "unshare",
                 "--mount",
                 "--propagation",
@@ -292,3 +367,51 @@ def run_in_pod(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+class ServiceRelay:
+    """A Service's routing, for one port: connections to ``host:port`` are passed on to
+    ``target`` (host, port), as kube-proxy passes a Service's connections to its endpoint.
+    For pods on the pod network, which reach the Services at the gateway, where the endpoint
+    (a database on this machine's loopback) does not listen. Serves from a thread of its own
+    while the ``with`` block lasts."""
+
+    def __init__(self, host: str, port: int, target: tuple[str, int]):
+        self.host, self.port, self.target = host, port, target
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def __enter__(self) -> ServiceRelay:
+        self._thread.start()
+        start = asyncio.start_server(self._connection, self.host, self.port)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def close() -> None:
+            assert self._server is not None
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

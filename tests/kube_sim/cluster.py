@@ -399,16 +399,26 @@ class SimulatedCluster:
         return self
 
     def serve_tls(self, certificate: ServingCertificate) -> int:
-        """Serve the same API over HTTPS on another free 127.0.0.1 port, with
-        ``certificate``, for in-cluster clients (tls.py); returns that port."""
+        """Serve the same API over HTTPS on another free 127.0.0.1 port, and on that port of
+        the pod network's host address, with ``certificate``, for in-cluster clients
+        (tls.py); returns that port."""
         assert self._app is not None, "start the cluster first"
         sockets = bind_sockets(0, "127.0.0.1")
+        sockets += bind_sockets(sockets[0].getsockname()[1], self.network.host_ip)
         server = tornado.httpserver.HTTPServer(self._app, ssl_options=certificate.server_context())
         server.add_sockets(sockets)
         self._tls_servers.append(server)
         port = sockets[0].getsockname()[1]
-        log.info("simulated cluster listening on https://127.0.0.1:%s", port)
+        log.info("simulated cluster listening on https://127.0.0.1:%s (and the gateway)", port)
         return port
+
+    async def pod_network_namespace(self) -> tuple[str, list[str]]:
+        """A network namespace of its own on the pod network, for a pod the test runs itself
+        rather than the kubelet (a release's own pods, tests/helm): its address, and the
+        command prefix that runs a program in it. It goes when the cluster stops."""
+        ip = self.network.allocate()
+        netns = await self.network.add_pod(ip)
+        return ip, self.network.exec_prefix(netns)
 
     async def stop(self) -> None:
         """Stop serving, end open watches, kill every pod process."""
@@ -682,6 +692,9 @@ class ClusterThread:
 
     def serve_tls(self, certificate: ServingCertificate) -> int:
         return self.call(self.cluster.serve_tls, certificate)
+
+    def pod_network_namespace(self) -> tuple[str, list[str]]:
+        return self._await(self.cluster.pod_network_namespace())
 
     def stop(self) -> None:
         """Stop the cluster and its thread; idempotent."""

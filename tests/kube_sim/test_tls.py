@@ -17,14 +17,16 @@ def cluster():
         yield c
 
 
-def in_cluster_client(ca_cert, port, tmp_path, token_text) -> kubernetes.client.CoreV1Api:
+def in_cluster_client(
+    ca_cert, port, tmp_path, token_text, host: str = "127.0.0.1"
+) -> kubernetes.client.CoreV1Api:
     token = tmp_path / "token"
     token.write_text(token_text)
     configuration = kubernetes.client.Configuration()
     InClusterConfigLoader(
         token_filename=str(token),
         cert_filename=str(ca_cert),
-        environ={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)},
+        environ={"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port)},
     ).load_and_set(configuration)
     configuration.retries = 0
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(configuration))
@@ -44,3 +46,14 @@ def test_a_client_trusting_another_ca_is_refused(cluster, tmp_path):
     core = in_cluster_client(other.ca_cert, port, tmp_path, cluster.admin_token)
     with pytest.raises(urllib3.exceptions.MaxRetryError, match="CERTIFICATE_VERIFY_FAILED"):
         core.list_node()
+
+
+def test_a_pod_on_the_pod_network_reaches_the_https_api_at_the_gateway(cluster, tmp_path):
+    # a pod's KUBERNETES_SERVICE_HOST is an address it can reach: the pod network's gateway,
+    # where the plain API listens too, with the certificate naming that address
+    certificate = serving_certificate(tmp_path / "ca", ips=("127.0.0.1", cluster.host_ip))
+    port = cluster.serve_tls(certificate)
+    core = in_cluster_client(
+        certificate.ca_cert, port, tmp_path, cluster.admin_token, cluster.host_ip
+    )
+    assert [n.metadata.name for n in core.list_node().items] == ["gpu-1"]

@@ -6,7 +6,8 @@ checks the server against the cluster CA in the pod's service account volume
 (``/var/run/secrets/kubernetes.io/serviceaccount/ca.crt``). A real API server's certificate is
 signed by that CA for the ``kubernetes`` Service's names and IP (kubeadm: "kubernetes",
 "kubernetes.default", "kubernetes.default.svc", the cluster IP), so this one is too, for
-127.0.0.1 where the simulated server listens. Certificates come from certipy, the library
+the addresses where the simulated server listens (127.0.0.1, and the pod network's gateway
+where pods reach it). Certificates come from certipy, the library
 JupyterHub makes its own internal CA with.
 """
 
@@ -41,12 +42,14 @@ class ServingCertificate:
         return context
 
 
-def serving_certificate(directory: Path, ip: str = "127.0.0.1") -> ServingCertificate:
+def serving_certificate(
+    directory: Path, ips: tuple[str, ...] = ("127.0.0.1",)
+) -> ServingCertificate:
     """A new cluster CA in ``directory`` and the API server's certificate it signed for
-    ``ip`` and the ``kubernetes`` Service's names."""
+    ``ips`` and the ``kubernetes`` Service's names."""
     certs = Certipy(store_dir=str(directory))
     ca = certs.create_ca("kube-ca")
-    alt_names = [f"IP:{ip}", *(f"DNS:{name}" for name in SERVICE_NAMES)]
+    alt_names = [*(f"IP:{ip}" for ip in ips), *(f"DNS:{name}" for name in SERVICE_NAMES)]
     server = certs.create_signed_pair("kube-apiserver", "kube-ca", alt_names=alt_names)
     return ServingCertificate(
         ca_cert=Path(ca["files"]["cert"]),

@@ -189,36 +189,48 @@ class Volumes:
             env = {**env, "HOME": home}
         start_dir = container.get("workingDir") or home
         lines.append(f"cd {shlex.quote(start_dir)} 2>/dev/null || cd /")
-        if user.uid != 0 or user.gid != 0 or user.groups:
-            groups = ",".join(str(g) for g in user.groups)
-            drop = f"setpriv --reuid={user.uid} --regid={user.gid} " + (
-                f"--groups={groups}" if groups else "--clear-groups"
-            )
-            lines.append(f'exec {drop} -- "$@"')
-        else:
-            lines.append('exec "$@"')
+        lines.append(f'exec {drop_privileges(user)}"$@"')
         wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
         return [*wrapper, "\n".join(lines), "sh", *argv], env
 
     def _expose_image(self, pod: Obj) -> list[str]:
         """Shell lines making the image's paths readable under ancestors its user cannot enter."""
-        stage = os.path.join(self.root, "stage", pod["metadata"]["uid"])
-        hidden = [(p, a) for p in self.image_paths if (a := _hidden_ancestor(p)) is not None]
-        lines, covers, back = [], [], []
-        for i, (path, ancestor) in enumerate(hidden):
-            staged = os.path.join(stage, str(i))
-            os.makedirs(staged, exist_ok=True)
-            lines.append(f"mount --bind {shlex.quote(path)} {shlex.quote(staged)}")
-            back += [
-                f"mkdir -p {shlex.quote(path)}",
-                f"mount --move {shlex.quote(staged)} {shlex.quote(path)}",
-            ]
-            if ancestor not in covers:
-                covers.append(ancestor)
-        lines += [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
-        return lines + back
+        return expose_paths(
+            self.image_paths, os.path.join(self.root, "stage", pod["metadata"]["uid"])
+        )
 
     def forget(self, pod: Obj) -> None:
         """Remove a finished pod's emptyDir volumes and staging directories."""
         for part in ("pods", "stage"):
             shutil.rmtree(os.path.join(self.root, part, pod["metadata"]["uid"]), ignore_errors=True)
+
+
+def drop_privileges(user: ProcessUser) -> str:
+    """The command prefix (ending in a space, or empty for root) that runs a program as
+    ``user``: its uid, gid and exactly its supplementary groups."""
+    if user.uid == 0 and user.gid == 0 and not user.groups:
+        return ""
+    groups = ",".join(str(g) for g in user.groups)
+    return f"setpriv --reuid={user.uid} --regid={user.gid} " + (
+        f"--groups={groups} -- " if groups else "--clear-groups -- "
+    )
+
+
+def expose_paths(paths: list[str], stage: str) -> list[str]:
+    """Shell lines, for a mount namespace, making ``paths`` (an image's own files: this
+    machine's Python) readable under ancestors others cannot enter: each such ancestor is
+    covered by an empty tmpfs and the path bound back into it, staged in ``stage``."""
+    hidden = [(p, a) for p in paths if (a := _hidden_ancestor(p)) is not None]
+    lines, covers, back = [], [], []
+    for i, (path, ancestor) in enumerate(hidden):
+        staged = os.path.join(stage, str(i))
+        os.makedirs(staged, exist_ok=True)
+        lines.append(f"mount --bind {shlex.quote(path)} {shlex.quote(staged)}")
+        back += [
+            f"mkdir -p {shlex.quote(path)}",
+            f"mount --move {shlex.quote(staged)} {shlex.quote(path)}",
+        ]
+        if ancestor not in covers:
+            covers.append(ancestor)
+    lines += [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
+    return lines + back

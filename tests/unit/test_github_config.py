@@ -240,6 +240,25 @@ def test_crypt_key_from_the_environment_wins(tmp_path, monkeypatch):
     assert not (tmp_path / "data" / "jupyterhub_crypt_key").exists()
 
 
+def test_crypt_keys_the_hub_was_given_win(tmp_path):
+    # z2jh's jupyterhub_config.py sets them from its Secret `hub` (made once, kept across
+    # upgrades) before the chart's extraConfig configures gputap: a key file on the hub pod's
+    # disk would be lost with the pod where no volume holds it (PostgreSQL), and users' GitHub
+    # tokens with it
+    settings = {
+        "data_dir": str(tmp_path / "data"),
+        "hub": {"github": {"client_id": "id", "client_secret": "secret"}},
+        "spawner": {"allow_shared_unix_user": True},
+    }
+    f = tmp_path / "gputap.yaml"
+    f.write_text(yaml.safe_dump(settings))
+    c = Config()
+    c.CryptKeeper.keys = ["cd" * 32]
+    apply(c, load_settings(f, environ={}))
+    assert c.CryptKeeper["keys"] == ["cd" * 32]
+    assert not (tmp_path / "data" / "jupyterhub_crypt_key").exists()
+
+
 def test_readable_or_broken_crypt_keys_are_refused(tmp_path):
     readable = tmp_path / "readable"
     readable.write_text("ab" * 32)
