@@ -152,18 +152,23 @@ class Example:
 
     #: the file in helm/gputap/examples/; empty: the chart's default values
     file: str
-    #: gpu_node keyword arguments by node name
-    nodes: dict[str, dict]
+    #: gpu_node keyword arguments by node name (by default the H100 MIG node)
+    nodes: dict[str, dict] = field(default_factory=lambda: {"gpu-h100": H100_MIG})
     #: the MIG slice server's user_options, its SKU, node and priority class
-    slice_options: dict
-    slice_sku: str
-    slice_node: str
-    slice_priority_class: str
-    #: what billing charges for it per hour, in micro-credits, and its price class
-    slice_price_micro: int
+    slice_options: dict = field(default_factory=lambda: H100_SLICE)
+    slice_sku: str = "H100-80GB/1g.10gb"
+    slice_node: str = "gpu-h100"
+    slice_priority_class: str = "gputap-on-demand"
+    #: what billing charges for it per hour, in micro-credits (by default the card's default
+    #: price over 7: 12.00/h for an H100-80GB), and its price class
+    slice_price_micro: int = 1_714_286
     slice_price_class: str = "on-demand"
     #: texts the spawn form must show in the row of each option key
-    form: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    form: dict[str, tuple[str, ...]] = field(
+        default_factory=lambda: {
+            "H100-80GB/1g.10gb": ("H100-80GB 1g.10gb slice", "7 of 7 free", "1.714286/h")
+        }
+    )
     #: texts the spawn form must show anywhere (the spot choice, ...)
     page: tuple[str, ...] = ()
     #: the user's credit the form shows (trial_credit)
@@ -190,39 +195,17 @@ class Example:
 EXAMPLES = [
     Example(
         file="",
-        nodes={"gpu-h100": H100_MIG},
-        slice_options=H100_SLICE,
-        slice_sku="H100-80GB/1g.10gb",
-        slice_node="gpu-h100",
-        slice_priority_class="gputap-on-demand",
-        # the card's default price over 7: 12.00/h for an H100-80GB
-        slice_price_micro=1_714_286,
-        form={"H100-80GB/1g.10gb": ("H100-80GB 1g.10gb slice", "7 of 7 free", "1.714286/h")},
         # custom.gputap's default home_size
         home_size="10Gi",
     ),
     Example(
         file="minimal-sqlite.yaml",
-        nodes={"gpu-h100": H100_MIG},
-        slice_options=H100_SLICE,
-        slice_sku="H100-80GB/1g.10gb",
-        slice_node="gpu-h100",
-        slice_priority_class="gputap-on-demand",
-        slice_price_micro=1_714_286,
-        form={"H100-80GB/1g.10gb": ("H100-80GB 1g.10gb slice", "7 of 7 free", "1.714286/h")},
         credit="5.00",
         # custom.gputap's home_size (5Gi), not z2jh's singleuser.storage.capacity (10Gi)
         home_size="5Gi",
     ),
     Example(
         file="github-postgres.yaml",
-        nodes={"gpu-h100": H100_MIG},
-        slice_options=H100_SLICE,
-        slice_sku="H100-80GB/1g.10gb",
-        slice_node="gpu-h100",
-        slice_priority_class="gputap-on-demand",
-        slice_price_micro=1_714_286,
-        form={"H100-80GB/1g.10gb": ("H100-80GB 1g.10gb slice", "7 of 7 free", "1.714286/h")},
         home_size="20Gi",
         github_org="acme",
         postgres=True,

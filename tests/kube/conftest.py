@@ -159,25 +159,34 @@ def kube_api(cluster) -> kubernetes.client.CoreV1Api:
 
 @pytest.fixture(scope="module")
 def platform(cluster, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kube-platform")
+    p = kube_platform(cluster, tmp_path_factory.mktemp("kube-platform"))
+    p.start()
+    yield p
+    p.shutdown()
+
+
+def kube_platform(cluster, root: Path, namespace: str = NAMESPACE) -> Platform:
+    """The platform (not started) on the cluster, its servers in ``namespace``: the hub and
+    billing with their ServiceAccounts' tokens (the release's), their clients' default
+    namespace the servers'."""
     kubeconfig = cluster.write_kubeconfig(
         str(root / "kubeconfig"),
-        namespace=NAMESPACE,
+        namespace=namespace,
         token=cluster.service_account_token(NAMESPACE, HUB_ACCOUNT),
     )
     billing_kubeconfig = cluster.write_kubeconfig(
         str(root / "billing-kubeconfig"),
-        namespace=NAMESPACE,
+        namespace=namespace,
         token=cluster.service_account_token(NAMESPACE, BILLING_ACCOUNT),
     )
-    p = Platform(
+    return Platform(
         root,
         extra={
             "spawner": {
                 "backend": "kubernetes",
                 "start_timeout": 60,
                 "kubernetes": {
-                    "namespace": NAMESPACE,
+                    "namespace": namespace,
                     # pods reach the host at the pod network's gateway, not its loopback
                     "hub_ip": cluster.host_ip,
                     "cmd": [SINGLEUSER],
@@ -191,6 +200,3 @@ def platform(cluster, tmp_path_factory):
         },
         env={"KUBECONFIG": kubeconfig},
     )
-    p.start()
-    yield p
-    p.shutdown()

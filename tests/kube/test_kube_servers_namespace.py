@@ -2,22 +2,18 @@
 users' pods apart from the hub's: the chart's RBAC grants the hub and billing what they do
 there, the hub's ServiceAccount staying in the release's namespace. (z2jh's Role `hub`, which
 the chart once relied on for KubeSpawner's requests, lives in the release's namespace only:
-the hub was refused the server's pod.)"""
+the hub was refused the user's home.)"""
 
 import pytest
 
 from tests.kube.conftest import (
-    BILLING_ACCOUNT,
-    HUB_ACCOUNT,
     NAMESPACE,
-    ROOT,
-    SINGLEUSER,
     gputap_cluster,
     kube_api,
+    kube_platform,
     rendered_rbac,
 )
 from tests.kube.test_kube_spawn import reach
-from tests.platform import Platform
 
 SERVERS = "gpu-servers"
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
@@ -36,39 +32,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def platform(cluster, tmp_path_factory):
-    root = tmp_path_factory.mktemp("kube-servers-namespace")
-    # each ServiceAccount is the release's; the default namespace of their clients is the
-    # servers' (as the chart's hub and billing are told by custom.gputap)
-    kubeconfig = cluster.write_kubeconfig(
-        str(root / "kubeconfig"),
-        namespace=SERVERS,
-        token=cluster.service_account_token(NAMESPACE, HUB_ACCOUNT),
-    )
-    billing_kubeconfig = cluster.write_kubeconfig(
-        str(root / "billing-kubeconfig"),
-        namespace=SERVERS,
-        token=cluster.service_account_token(NAMESPACE, BILLING_ACCOUNT),
-    )
-    p = Platform(
-        root,
-        extra={
-            "spawner": {
-                "backend": "kubernetes",
-                "start_timeout": 60,
-                "kubernetes": {
-                    "namespace": SERVERS,
-                    "hub_ip": cluster.host_ip,
-                    "cmd": [SINGLEUSER],
-                    "args": ["--allow-root"],
-                    "environment": {
-                        "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
-                    },
-                },
-            },
-            "billing": {"kubeconfig": billing_kubeconfig},
-        },
-        env={"KUBECONFIG": kubeconfig},
-    )
+    p = kube_platform(cluster, tmp_path_factory.mktemp("kube-servers-namespace"), SERVERS)
     p.start()
     yield p
     p.shutdown()
