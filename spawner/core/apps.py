@@ -71,6 +71,8 @@ def tensorboard_app(tensorboard: Mapping[str, Any]) -> dict[str, Any]:
         "environments": list(tensorboard["environments"]),
         # its first start reads every run under log_dir before it answers
         "timeout_seconds": TENSORBOARD_TIMEOUT_SECONDS,
+        # its page asks for new data every 30 s: an open tab is no sign of a user
+        "activity": False,
         "absolute_url": False,
     }
 
@@ -153,6 +155,7 @@ def proxy_servers(apps: Mapping[str, Any], environment: str = "") -> dict[str, d
             "command": list(app["command"]),
             "timeout": float(app["timeout_seconds"]),
             "absolute_url": bool(app["absolute_url"]),
+            "update_last_activity": bool(app["activity"]),
             "launcher_entry": entry,
         }
         if app["port"] is not None:

@@ -108,6 +108,29 @@ def test_tensorboard_opens_through_the_hub_and_shows_a_run_in_runs(platform, ali
     assert [value for _, _, value in scalars.json()] == [1.0, 0.5, 0.25]
 
 
+def last_activity(session, platform, name: str) -> str:
+    """The server's own last activity (what it reports to the hub for idle culling); asking
+    for it is no activity."""
+    r = session.get(f"{platform.url}/user/{name}/api/status", timeout=30)
+    assert r.ok, r.text[:300]
+    return r.json()["last_activity"]
+
+
+def test_tensorboard_polling_is_not_activity_an_operators_app_is(platform, alice):
+    user = as_user(alice["alice"])
+    base = f"{platform.url}/user/alice/"
+    assert get_until(user, base + "notes/", lambda r: r.ok).ok  # started
+    assert get_until(user, base + "tensorboard/data/runs", lambda r: r.ok).ok
+    before = last_activity(user, platform, "alice")
+    time.sleep(1.1)
+    # what an open TensorBoard tab asks every 30 s by itself
+    for path in ("data/environment", "data/runs", "data/plugins_listing"):
+        assert user.get(base + "tensorboard/" + path, timeout=30).ok
+    assert last_activity(user, platform, "alice") == before
+    assert user.get(base + "notes/", timeout=30).ok
+    assert last_activity(user, platform, "alice") > before
+
+
 def test_the_operators_app_is_a_launcher_entry_and_answers_at_its_url(platform, alice):
     user = as_user(alice["alice"])
     info = user.get(f"{platform.url}/user/alice/server-proxy/servers-info", timeout=30)

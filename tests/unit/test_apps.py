@@ -26,6 +26,7 @@ TENSORBOARD = {
     ],
     "timeout": 60.0,
     "absolute_url": False,
+    "update_last_activity": False,
     "launcher_entry": {"enabled": True, "title": "TensorBoard", "icon_path": "tensorboard.svg"},
 }
 
@@ -62,7 +63,12 @@ def test_an_operator_app_becomes_a_proxy_server_with_its_launcher_tile(tmp_path)
                 "command": ["my-viewer", "--port", "{port}", "--root", "~/data"],
                 "icon": "/opt/viewer/icon.svg",
             },
-            "metrics-ui": {"port": 9400, "launcher": False, "timeout_seconds": 5},
+            "metrics-ui": {
+                "port": 9400,
+                "launcher": False,
+                "timeout_seconds": 5,
+                "activity": False,
+            },
         }
     }
     servers = proxy_servers(started(tmp_path, apps).GPUSpawnerMixin.apps)
@@ -72,6 +78,7 @@ def test_an_operator_app_becomes_a_proxy_server_with_its_launcher_tile(tmp_path)
             "command": ["my-viewer", "--port", "{port}", "--root", "~/data"],
             "timeout": 30.0,
             "absolute_url": False,
+            "update_last_activity": True,
             "launcher_entry": {
                 "enabled": True,
                 "title": "Viewer",
@@ -83,6 +90,7 @@ def test_an_operator_app_becomes_a_proxy_server_with_its_launcher_tile(tmp_path)
             "command": [],
             "timeout": 5.0,
             "absolute_url": False,
+            "update_last_activity": False,
             "launcher_entry": {"enabled": False, "title": "metrics-ui"},
             "port": 9400,
         },
