@@ -6,11 +6,13 @@ import json
 
 import pytest
 import yaml
-from traitlets.config import Config, PyFileConfigLoader
+from traitlets.config import Config, LoggingConfigurable, PyFileConfigLoader
 
 from gputap_common.settings import SettingsError, load_settings
 from hub_config.hub import ROOT, apply
 from spawner.core.apps import check_apps, proxy_servers
+from spawner.core.record import ServerRecord
+from spawner.lifecycle.server_apps import AppsMixin
 
 SINGLEUSER = ROOT / "hub_config" / "singleuser"
 
@@ -229,3 +231,19 @@ def test_a_server_handed_no_apps_registers_none(monkeypatch, tmp_path):
     monkeypatch.delenv("GPUTAP_APPS", raising=False)
     loader = PyFileConfigLoader("jupyter_server_config.py", path=str(SINGLEUSER))
     assert loader.load_config().ServerProxy.servers == {}
+
+
+def test_a_spawner_hands_its_server_the_apps_of_its_environment(tmp_path):
+    class Backend(LoggingConfigurable):
+        def get_env(self) -> dict[str, str]:
+            return {"PATH": "/usr/bin"}
+
+    class Spawner(AppsMixin, Backend):
+        record = None
+
+    apps = {"custom": {"vllm-ui": {"port": 7001, "environments": ["vllm"]}}}
+    spawner = Spawner(apps=started(tmp_path, apps).GPUSpawnerMixin.apps)
+    env = spawner.get_env()
+    assert env["PATH"] == "/usr/bin" and set(json.loads(env["GPUTAP_APPS"])) == {"tensorboard"}
+    spawner.record = ServerRecord(session_id="s1", offering="cpu", count=1, environment="vllm")
+    assert set(json.loads(spawner.get_env()["GPUTAP_APPS"])) == {"tensorboard", "vllm-ui"}
