@@ -19,6 +19,7 @@ import yaml
 from gputap_common import scopes
 from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
+from spawner.core.apps import check_apps
 from spawner.kube.watch import WATCH_SECONDS
 from spawner.local.reaper import reaper_command
 
@@ -182,6 +183,7 @@ def apply(c: Any, settings: Settings) -> None:
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
+    _apps(c, settings.section("apps"))
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -295,6 +297,13 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
     c.GPUSpawnerMixin.max_disks = disks["max_disks"]
     c.GPULocalSpawner.disk_root = disks["root"]
     c.GPUKubeSpawner.disk_storage_class = disks["storage_class"]
+
+
+def _apps(c: Any, apps: dict[str, Any]) -> None:
+    """Apps in the servers (docs/lab.md, "Apps"): checked now, so a bad one stops the hub
+    rather than failing in every server; each server gets those of its environment."""
+    check_apps(apps)
+    c.GPUSpawnerMixin.apps = apps
 
 
 def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:

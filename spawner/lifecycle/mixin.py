@@ -60,7 +60,7 @@ from ..core.placement import (
     place,
 )
 from ..core.record import ServerRecord
-from . import placing, refusals, stops
+from . import placing, refusals, server_apps, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .metering import Metering
 from .request_body import start_options
@@ -85,7 +85,7 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.options_applied(options)
 
 
-class GPUSpawnerMixin(LoggingConfigurable):
+class GPUSpawnerMixin(server_apps.AppsMixin, LoggingConfigurable):
     """The lifecycle, the form and the billing glue shared by gputap's spawners."""
 
     billing_url = Unicode(

@@ -280,3 +280,28 @@ def test_the_rendered_pods_run_the_images_values_name(chart_dir, values_file):
     c.KubeSpawner.image = f"{image['name']}:{image['tag']}"
     configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))
     assert c.KubeSpawner.image == built_as()["singleuser"]
+
+
+# --- the single-user image's Python packages: what a server on one machine runs ---
+
+#: what servers run (one machine: gputap's own environment), so the image installs each at
+#: pyproject.toml's range (JupyterHub is the hub image's pin instead)
+SERVER_PACKAGES = ("jupyterlab", "nvidia-ml-py", "jupyter-server-proxy", "tensorboard")
+
+
+def test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges():
+    runs = [a for i, a in dockerfile("singleuser").final.instructions if i == "RUN" and "pip" in a]
+    installed = {}
+    for run in runs:
+        for word in shlex.split(run):
+            if re.match(r"[A-Za-z]", word) and re.search(r"[<>=]", word):
+                req = Requirement(word)
+                installed[canonicalize_name(req.name)] = req.specifier
+    ours = gputap_requirements()
+    for name in SERVER_PACKAGES:
+        key = canonicalize_name(name)
+        assert key in installed, f"images/singleuser/Dockerfile does not install {name}"
+        assert installed[key] == ours[key].specifier, (name, installed[key], ours[key])
+    # the servers' config (apps, no update checks) and the apps' icons go with it
+    copies = [a for i, a in dockerfile("singleuser").final.instructions if i == "COPY"]
+    assert any(a.startswith("hub_config/singleuser/ ") for a in copies), copies

@@ -1,5 +1,6 @@
 """GPUKubeSpawner end to end: the real hub and proxy, the simulated cluster."""
 
+import json
 import time
 
 import requests
@@ -122,3 +123,25 @@ def test_bad_options_name_the_problem(platform):
         r = platform.spawn("dan", options)
         assert r.status_code == 400, r.text
         assert message in r.json()["message"], r.json()
+
+
+def test_a_pods_server_registers_tensorboard_as_a_launcher_entry(platform, cluster):
+    platform.create_user("ida")
+    r = platform.spawn("ida", {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("ida")
+    env = {
+        e["name"]: e.get("value") for e in pod_of(cluster, "ida")["spec"]["containers"][0]["env"]
+    }
+    assert set(json.loads(env["GPUTAP_APPS"])) == {"tensorboard"}
+    reach(platform, "ida")
+    r = requests.get(
+        f"{platform.url}/user/ida/server-proxy/servers-info",
+        headers={"Authorization": f"token {platform.user_token('ida')}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text[:300]
+    [tensorboard] = r.json()["server_processes"]
+    assert tensorboard["name"] == "tensorboard"
+    assert tensorboard["launcher_entry"]["title"] == "TensorBoard"
+    platform.stop_server("ida")
