@@ -4,6 +4,8 @@ pod refused by the file system (the simulated kubelet mounts readOnly volumes ``
 
 import json
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes
@@ -60,7 +62,31 @@ def models_volume(cluster) -> Path:
 
 
 @pytest.fixture(scope="module")
-def platform(cluster, models_volume, tmp_path_factory):
+def imagenet_export(cluster) -> Iterator[Path]:
+    """The NFS export of the datasets, served to the simulated nodes, with a file in it that
+    everyone may read (as on a file server)."""
+    with tempfile.TemporaryDirectory(prefix="kube-sim-nfs-") as name:
+        folder = Path(name)
+        folder.chmod(0o755)
+        (folder / "train.csv").write_text("image,label\n")
+        cluster.cluster.volumes.nfs_exports["nfs.example.internal:/exports/imagenet"] = name
+        yield folder
+
+
+@pytest.fixture(scope="module")
+def host_mount_points():
+    """The simulated kubelet makes missing mount points on this machine (tests/kube_sim):
+    those this module made go at its end."""
+    paths = (Path("/models"), Path("/datasets/imagenet"), Path("/datasets"))
+    made = [p for p in paths if not p.exists()]
+    yield
+    for path in made:
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+@pytest.fixture(scope="module")
+def platform(cluster, models_volume, imagenet_export, host_mount_points, tmp_path_factory):
     p = kube_platform(cluster, tmp_path_factory.mktemp("kube-shared-data"))
     settings = yaml.safe_load(p.settings_path.read_text())
     p.settings_path.write_text(yaml.safe_dump({**settings, "shared_data": SHARED_DATA}))
@@ -120,6 +146,10 @@ def test_shared_data_is_mounted_read_only_with_the_hugging_face_variables(platfo
     read = in_pod(cluster, pod, f"cat /models/{MODEL_FILE}")
     assert read.returncode == 0 and json.loads(read.stdout) == {"model_type": "tiny"}, read
     write = in_pod(cluster, pod, "echo x > /models/mine.txt")
+    assert write.returncode != 0 and "Read-only file system" in write.stderr, write
+    read = in_pod(cluster, pod, "cat /datasets/imagenet/train.csv")
+    assert read.returncode == 0 and read.stdout == "image,label\n", read
+    write = in_pod(cluster, pod, "rm /datasets/imagenet/train.csv")
     assert write.returncode != 0 and "Read-only file system" in write.stderr, write
     home = in_pod(cluster, pod, "mkdir -p /home/jovyan/.cache/huggingface && echo ok")
     assert home.returncode == 0 and home.stdout.strip() == "ok", home
