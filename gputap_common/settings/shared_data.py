@@ -62,9 +62,7 @@ def check_shared_data(entries: Sequence[Mapping[str, Any]], backend: str) -> Non
                 "of its own"
             )
         seen[name] = i
-        path = PurePosixPath(entry["mount_path"])
-        if str(path) == "/":
-            raise SettingsError(f"{where}.mount_path may not be /: name a folder such as /models")
+        path = PurePosixPath(entry["mount_path"])  # the schema refuses / and relative paths
         for reserved in RESERVED:
             if _inside(path, PurePosixPath(reserved)):
                 raise SettingsError(
