@@ -1,6 +1,6 @@
-"""Shared data, read-only (settings ``shared_data``, docs/storage.md) into the spawner's
-configuration: on Kubernetes volumes and mounts of every server's pod, on one machine the
-folders the spawner links into homes, checked here as the hub starts."""
+"""Shared data, read-only (settings ``shared_data``; docs/lab.md, "Shared data, read-only")
+into the spawner's configuration: on Kubernetes volumes and mounts of every server's pod, on
+one machine the folders the spawner links into homes, checked here as the hub starts."""
 
 from __future__ import annotations
 

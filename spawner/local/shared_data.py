@@ -6,7 +6,7 @@ What keeps it read-only is the folder's permissions. Servers run as system users
 refuses at start-up a folder that one of them could write (:func:`folder_problem`): owned by
 someone other than root or the hub's user, or writable by its group or by others. Servers run
 as the hub's own user: they are that user, and may write wherever it may; the OS enforces
-nothing, which the hub says in its log at start-up (docs/storage.md).
+nothing, which the hub says in its log at start-up (docs/lab.md, "Shared data, read-only").
 """
 
 from __future__ import annotations

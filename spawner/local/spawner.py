@@ -139,7 +139,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         Dict(),
         config=True,
         help="""Folders every server sees read-only, linked into the home at their mount path
-        (the settings' shared_data entries: name, mount_path, kind, folder; docs/storage.md).
+        (the settings' shared_data entries: name, mount_path, kind, folder; docs/lab.md,
+        "Shared data, read-only").
 
         c.GPULocalSpawner.shared_data = [
             {"name": "hf", "mount_path": "/models", "kind": "models", "folder": "/srv/models"}
