@@ -3,9 +3,9 @@
 Each PersistentVolume is a directory on the host, created as a fresh ext4 volume arrives: owned
 by root, mode 0755; an NFS export is a host directory the test names (`nfs_exports`), and a pod
 naming another stays ContainerCreating with FailedMount, as no server would answer. A pod's
-process starts in a private mount namespace of its own where every
-volume is bind-mounted at its container's mountPath (subPath and readOnly too), then drops to
-the pod's user with `setpriv`: the container's or pod's securityContext runAsUser/runAsGroup,
+process starts in a private mount namespace of its own where every volume is bind-mounted at
+its container's mountPath (subPath and readOnly too), then drops to the pod's user with
+`setpriv`: the container's or pod's securityContext runAsUser/runAsGroup,
 else the image's user (`images`, a table the tests set, as an image's USER would), with fsGroup
 and supplementalGroups as extra groups. fsGroup is applied to each volume before it is mounted
 as the kubelet does (pkg/volume/volume_linux.go: group set to fsGroup, files g+rw, directories
