@@ -24,6 +24,7 @@ from spawner.kube.watch import WATCH_SECONDS
 from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
+from .shared_data import configure_shared_data
 from .with_hub import with_hub
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +40,8 @@ SERVER_TOKEN_SCOPES = [
     "servers!server",
     f"{scopes.DISKS}!user",
 ]
+#: where servers' pods mount the user's home (the single-user image's user's home)
+KUBE_HOME = "/home/jovyan"
 #: options of every cookie the hub, billing and the servers set: SameSite=Lax (Strict would
 #: drop the login on the OAuth redirects back from GitHub and on links into the hub)
 COOKIE_OPTIONS = {"samesite": "Lax"}
@@ -184,6 +187,7 @@ def apply(c: Any, settings: Settings) -> None:
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
     _apps(c, settings.section("apps"))
+    configure_shared_data(c, settings, KUBE_HOME)
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -233,7 +237,7 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
         c.KubeSpawner.storage_class = kube["storage_class"]
     c.KubeSpawner.storage_access_modes = [kube["home_access_mode"]]
     c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
-    c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": "/home/jovyan"}]
+    c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": KUBE_HOME}]
     _reflectors(c)
     # servers run as the single-user image's user; volumes arrive owned by root, so they are
     # given to its group (fsGroup), or a fresh home is not writable (docs/kubernetes.md)

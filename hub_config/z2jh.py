@@ -24,6 +24,7 @@ from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError, settings_from_mapping
 
 from .hub import (
+    KUBE_HOME,
     _authentication,
     _disks,
     _hub_pages,
@@ -33,6 +34,7 @@ from .hub import (
     _url_path,
     people_roles,
 )
+from .shared_data import configure_shared_data
 
 #: how the settings are named in a refusal: where an operator wrote them
 ORIGIN = "jupyterhub.custom.gputap"
@@ -181,4 +183,5 @@ def configure(
     _culler(c, settings.section("idle"))
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
+    configure_shared_data(c, settings, KUBE_HOME)
     return settings

@@ -109,7 +109,10 @@ class Platform:
         if external_billing:
             settings["billing"].update(managed=False, api_token=self.billing_token)
         for section, values in (extra or {}).items():
-            settings.setdefault(section, {}).update(values)
+            if isinstance(values, dict):
+                settings.setdefault(section, {}).update(values)
+            else:  # a list (shared_data) or a value
+                settings[section] = values
         self.settings_path = root / "gputap.yaml"
         self.settings_path.write_text(yaml.safe_dump(settings))
         self.env = dict(env or {})

@@ -10,8 +10,9 @@ Order (later wins):
 Each layer is checked against the schema before it is merged, so a refusal names where the
 bad key came from (the file, or the variable). Strings may contain ``{data_dir}``, replaced by
 the resolved data directory. Settings naming GitHub teams are kept in lower case
-(``names.py``). The hub, the billing service and the tools all read settings
-through :func:`load_settings`, so `make demo` and the Helm chart describe one platform alike.
+(``names.py``); ``shared_data`` follows the rules of ``shared_data.py``. The hub, the billing
+service and the tools all read settings through :func:`load_settings`, so `make demo` and the
+Helm chart describe one platform alike.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 from .names import with_github_names
 from .schema import apply_defaults, defaults, format_path, is_map, is_section
 from .schema import schema as settings_schema
+from .shared_data import check_shared_data
 from .validate import SettingsError, describe, unknown_key, validate
 
 ENV_PREFIX = "GPUTAP__"
@@ -166,6 +168,8 @@ class Settings:
     spawner = property(lambda self: self.section("spawner"))
     courses = property(lambda self: self.section("courses"))
     catalog = property(lambda self: self.section("catalog"))
+    #: the folders every server sees read-only (a list: each entry as the schema declares it)
+    shared_data = property(lambda self: list(self.raw["shared_data"]))
 
 
 def load_settings(
@@ -209,4 +213,6 @@ def _resolve(
     base = source.parent if source else Path.cwd()
     data_dir = str((base / os.path.expanduser(raw["data_dir"])).resolve())
     raw["data_dir"] = data_dir
-    return Settings(raw=_substitute(raw, data_dir), source=source)
+    raw = _substitute(raw, data_dir)
+    check_shared_data(raw["shared_data"], raw["spawner"]["backend"])
+    return Settings(raw=raw, source=source)

@@ -20,18 +20,20 @@ from pathlib import Path
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from traitlets import Bool, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from ..core.catalog import Card, Catalog, discovered_card
 from ..core.dirnames import safe_dirname
 from ..core.disks import HOME_FOLDER
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
+from ..core.shared_data import home_link, shared_data_env
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
 from . import moves
 from .disks import LocalDiskStore, link_disks
 from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
+from .shared_data import link_shared_data
 
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
@@ -133,6 +135,19 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
+    shared_data = List(
+        Dict(),
+        config=True,
+        help="""Folders every server sees read-only, linked into the home at their mount path
+        (the settings' shared_data entries: name, mount_path, kind, folder; docs/lab.md,
+        "Shared data, read-only").
+
+        c.GPULocalSpawner.shared_data = [
+            {"name": "hf", "mount_path": "/models", "kind": "models", "folder": "/srv/models"}
+        ]
+        """,
+    )
+
     #: the disk links a system user's server makes as it starts (see _link_disks)
     _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
 
@@ -210,6 +225,18 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             )
         if blocked:
             self.mounted_disks = [d for d in self.mounted_disks if d["name"] not in blocked]
+
+    async def _link_shared_data(self) -> None:
+        """Link the shared folders into the home (for system users their server's process
+        does, as it does the disks: make_preexec_fn)."""
+        if not self.shared_data or self.run_as_system_user:
+            return
+        loop = asyncio.get_running_loop()
+        blocked = await loop.run_in_executor(
+            None, link_shared_data, self.server_home, self.shared_data
+        )
+        for path in blocked:
+            self.log.warning("%s: %s not linked: ~%s is in the way", self.who, path, path)
 
     # -- inventory -----------------------------------------------------------------------
 
@@ -326,6 +353,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         if self.run_as_system_user:
             become_user = super().make_preexec_fn(name)
             links, self._links = self._links, None
+            shared = (self.server_home, list(self.shared_data))
 
             def preexec() -> None:
                 become_user()
@@ -334,6 +362,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                         link_disks(*links)
                     except OSError as e:  # the server starts; its disks are only unlinked
                         print(f"gputap: disks not linked into ~/disks: {e}", file=sys.stderr)
+                for path in link_shared_data(*shared) if shared[1] else []:
+                    print(f"gputap: {path} not linked into the home", file=sys.stderr)
 
             return preexec
         home = self.home_dir
@@ -362,6 +392,16 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             env["GPUTAP_OFFERING"] = self.record.offering
             env["GPUTAP_GPU_COUNT"] = str(self.record.count)
             env["GPUTAP_SIMULATED"] = "1" if self.record.simulated else "0"
+        if self.shared_data:
+            home = self.server_home
+            env.update(
+                shared_data_env(
+                    self.shared_data,
+                    home=str(home),
+                    seen_at=lambda e: str(home / home_link(e["mount_path"])),
+                    read_at=lambda e: e["folder"],
+                )
+            )
         return env
 
     # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
@@ -407,6 +447,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """Link the disks, start the process, and return once it answers HTTP (billing
         starts when the server is up); a process that never answered is stopped."""
         await self._link_disks()
+        await self._link_shared_data()
         try:
             ip, port = await LocalProcessSpawner.start(self)
             await self._wait_up(ip, port)

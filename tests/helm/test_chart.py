@@ -351,3 +351,29 @@ def test_singleuser_extra_env_is_kept_beside_gputap_environment(chart_dir):
     configure(c, rendered["custom"]["gputap"], environ=hub_environ(manifests))
     assert c.KubeSpawner.environment["HF_HOME"] == "/data/hf"
     assert c.KubeSpawner.environment["TZ"] == "UTC"
+
+
+def test_shared_data_in_the_charts_values_is_mounted_read_only_in_every_server(chart_dir):
+    """``custom.gputap.shared_data`` passes the chart's values schema and becomes read-only
+    volumes of every server's pod, beside z2jh's own (the home)."""
+    example = values_of(CHART / "examples" / "mig-spot-courses.yaml")
+    example["jupyterhub"]["custom"]["gputap"]["shared_data"] = [
+        {"name": "hf", "mount_path": "/models", "kind": "models", "claim": "hf-models"}
+    ]
+    manifests = render(chart_dir, example)
+    values = hub_values(manifests)
+    c = z2jh_config(values)
+    configure(c, values["custom"]["gputap"], environ=hub_environ(manifests))
+    assert {
+        "name": "shared-hf",
+        "persistentVolumeClaim": {"claimName": "hf-models", "readOnly": True},
+    } in c.KubeSpawner.volumes
+    assert {"name": "shared-hf", "mountPath": "/models", "readOnly": True} in (
+        c.KubeSpawner.volume_mounts
+    )
+    assert c.KubeSpawner.environment["HF_HUB_CACHE"] == "/models"
+    assert c.KubeSpawner.environment["HF_HUB_OFFLINE"] == "1"
+    with pytest.raises(SettingsError, match=r"shared_data\[0\].mount_path /usr/models"):
+        bad = {"spawner": {"backend": "kubernetes"}, "shared_data": [
+            {"name": "hf", "mount_path": "/usr/models", "claim": "hf-models"}]}  # fmt: skip
+        configure(z2jh_config(values), bad, environ=hub_environ(manifests))

@@ -342,12 +342,13 @@ class SimulatedCluster:
         images: dict[str, ImageUser] | None = None,
         storage_classes: list[Obj] | None = None,
         scheduler_names: tuple[str, ...] = ("default-scheduler",),
+        nfs_exports: dict[str, str] | None = None,
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
         for storage_class in STANDARD_CLASSES if storage_classes is None else storage_classes:
             self.api.create(STORAGE_CLASS, "", storage_class)
-        self.volumes = Volumes(self.api, images)
+        self.volumes = Volumes(self.api, images, nfs_exports=nfs_exports)
         self.faults = Faults(seed=seed)
         self.port = port
         self.url = ""

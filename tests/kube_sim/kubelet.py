@@ -436,20 +436,23 @@ class Kubelet:
 
     async def _wait_attached(self, run: PodRun) -> bool:
         """Wait while a volume is attached to another node (the attach/detach controller's
-        FailedAttachVolume, the pod ContainerCreating); False if the pod went meanwhile."""
+        FailedAttachVolume) or cannot be mounted (the kubelet's FailedMount: an NFS export no
+        server serves), the pod ContainerCreating; False if the pod went meanwhile."""
         reported = ""
         while self.volumes and not run.terminating:
             pod = self.api.find(POD, run.namespace, run.name)
             if pod is None:
                 return False
             error = self.volumes.attach_error(pod)
+            reason, source = "FailedAttachVolume", "attachdetach-controller"
+            if not error:
+                error = self.volumes.mount_error(pod)
+                reason, source = "FailedMount", "kubelet"
             if not error:
                 return True
             if error != reported:
                 reported = error
-                self.api.record_event(
-                    pod, "FailedAttachVolume", error, "Warning", "attachdetach-controller"
-                )
+                self.api.record_event(pod, reason, error, "Warning", source)
             await asyncio.sleep(0.5)
         return not run.terminating
 

@@ -314,3 +314,45 @@ def test_the_process_user_comes_from_the_container_the_pod_then_the_image():
     assert process_user(pod, container, images) == ProcessUser(1000, 100, (100,), "/home/jovyan")
     bare = {"spec": {}}
     assert process_user(bare, {"image": "other:1"}, images) == ProcessUser(0, 0, (), "")
+
+
+def test_an_nfs_export_mounts_read_only_and_an_unknown_one_never_mounts(kube, core, ns, tmp_path):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "train.csv").write_text("a,b\n")
+    kube.cluster.volumes.nfs_exports[f"nfs.example.internal:/exports/{ns}"] = str(export)
+    script = (
+        "import os; d = '/tmp/kube-sim-nfs/' + os.environ['NS']; "
+        "print(open(d + '/train.csv').read().strip(), flush=True); open(d + '/mine', 'w')"
+    )
+
+    def nfs_pod(name, path):
+        body = pod_body(
+            name,
+            command=[PY, "-c", script],
+            restartPolicy="Never",
+            env=[{"name": "NS", "value": ns}],
+        )
+        body["spec"]["volumes"] = [
+            {
+                "name": "data",
+                "nfs": {"server": "nfs.example.internal", "path": path, "readOnly": True},
+            }
+        ]
+        body["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": "data", "mountPath": f"/tmp/kube-sim-nfs/{ns}", "readOnly": True}
+        ]
+        return body
+
+    core.create_namespaced_pod(ns, nfs_pod("reader", f"/exports/{ns}"))
+    result, lines = finished_log(core, ns, "reader")
+    assert result == "Failed" and lines[0] == "a,b"
+    assert any("Read-only file system" in line for line in lines)
+    assert not (export / "mine").exists()
+
+    core.create_namespaced_pod(ns, nfs_pod("lost", "/exports/none"))
+    message = wait_for(lambda: events(core, ns, "lost", "FailedMount"))[0]
+    assert message.startswith('MountVolume.SetUp failed for volume "data" : mount failed')
+    assert "nfs.example.internal:/exports/none" in message
+    assert phase(core, ns, "lost") == "Pending"
+    assert waiting_reason(core, ns, "lost") == "ContainerCreating"

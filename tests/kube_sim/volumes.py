@@ -1,9 +1,11 @@
 """What a pod's process sees of its volumes, and as whom it runs.
 
 Each PersistentVolume is a directory on the host, created as a fresh ext4 volume arrives: owned
-by root, mode 0755. A pod's process starts in a private mount namespace of its own where every
-volume is bind-mounted at its container's mountPath (subPath and readOnly too), then drops to
-the pod's user with `setpriv`: the container's or pod's securityContext runAsUser/runAsGroup,
+by root, mode 0755; an NFS export is a host directory the test names (`nfs_exports`), and a pod
+naming another stays ContainerCreating with FailedMount, as no server would answer. A pod's
+process starts in a private mount namespace of its own where every volume is bind-mounted at
+its container's mountPath (subPath and readOnly too), then drops to the pod's user with
+`setpriv`: the container's or pod's securityContext runAsUser/runAsGroup,
 else the image's user (`images`, a table the tests set, as an image's USER would), with fsGroup
 and supplementalGroups as extra groups. fsGroup is applied to each volume before it is mounted
 as the kubelet does (pkg/volume/volume_linux.go: group set to fsGroup, files g+rw, directories
@@ -113,9 +115,12 @@ class Volumes:
         api: Api,
         images: dict[str, ImageUser] | None = None,
         image_paths: list[str] | None = None,
+        nfs_exports: dict[str, str] | None = None,
     ):
         self.api = api
         self.images = dict(images or {})
+        #: the NFS exports the nodes can mount, "server:/path" -> the host directory serving it
+        self.nfs_exports = dict(nfs_exports or {})
         self.image_paths = image_paths if image_paths is not None else [sys.base_prefix]
         self._tmp = tempfile.TemporaryDirectory(prefix="kube-sim-volumes-")
         self.root = self._tmp.name
@@ -137,6 +142,23 @@ class Volumes:
         conflict = storage.attach_conflict(self.api, pod, self.api.list(POD))
         return storage.multi_attach_message(*conflict) if conflict else None
 
+    def mount_error(self, pod: Obj) -> str | None:
+        """Why the kubelet cannot mount one of the pod's volumes (an NFS export no server
+        serves: FailedMount, the pod ContainerCreating), or None."""
+        for volume in pod["spec"].get("volumes") or []:
+            nfs = volume.get("nfs")
+            if nfs is None:
+                continue
+            export = f"{nfs.get('server', '')}:{nfs.get('path', '')}"
+            if export not in self.nfs_exports:
+                return (
+                    f'MountVolume.SetUp failed for volume "{volume["name"]}" : mount failed: '
+                    f"exit status 32\nMounting command: mount\nMounting arguments: -t nfs "
+                    f"{export} {volume['name']}\nOutput: mount.nfs: access denied by server "
+                    f"while mounting {export}"
+                )
+        return None
+
     def _sources(self, pod: Obj) -> dict[str, tuple[str, bool]]:
         """Host directory and read-only flag of every volume a mount can name, by volume."""
         ns = pod["metadata"]["namespace"]
@@ -148,6 +170,11 @@ class Volumes:
                 pv_name = (claim or {}).get("spec", {}).get("volumeName")
                 if pv_name:
                     sources[volume["name"]] = (self.volume_dir(pv_name), bool(ref.get("readOnly")))
+            elif volume.get("nfs"):
+                nfs = volume["nfs"]
+                export = self.nfs_exports.get(f"{nfs.get('server', '')}:{nfs.get('path', '')}")
+                if export:
+                    sources[volume["name"]] = (export, bool(nfs.get("readOnly")))
             elif "emptyDir" in volume:
                 path = os.path.join(self.root, "pods", pod["metadata"]["uid"], volume["name"])
                 os.makedirs(path, exist_ok=True)
@@ -169,8 +196,10 @@ class Volumes:
         policy = (pod["spec"].get("securityContext") or {}).get("fsGroupChangePolicy", "Always")
         lines = ["set -e"]
         if fs_group is not None:
-            for path, read_only in sources.values():
-                apply_fs_group(path, int(fs_group), read_only, policy)
+            nfs = {v["name"] for v in pod["spec"].get("volumes") or [] if v.get("nfs")}
+            for name, (path, read_only) in sources.items():
+                if name not in nfs:  # the kubelet never changes an NFS export's owner
+                    apply_fs_group(path, int(fs_group), read_only, policy)
         if user.uid != 0:
             lines += self._expose_image(pod)
         for mount in mounts:
