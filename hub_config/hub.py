@@ -19,7 +19,9 @@ import yaml
 from gputap_common import scopes
 from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
+from spawner.core.environments import environments_from_settings
 from spawner.kube.watch import WATCH_SECONDS
+from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
@@ -182,6 +184,7 @@ def apply(c: Any, settings: Settings) -> None:
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
+    _environments(c, settings)
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -287,6 +290,24 @@ def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
             f"spawner.kubernetes.hub_connect_url too, e.g. http://10.42.0.1:{hub_port}"
         )
     c.JupyterHub.hub_ip = str(address)
+
+
+def _environments(c: Any, settings: Settings) -> None:
+    """The environment catalog, refused at start-up when it cannot work on this backend: no
+    default or two, a default not everyone may use, on one machine an environment whose
+    python holds no jupyterhub-singleuser (spawner/core/environments.py)."""
+    spawner = settings.spawner
+    backend, pattern = spawner["backend"], spawner["kubernetes"]["image_pattern"]
+    environments_from_settings(settings.environments, backend, pattern)
+    if backend == "local":
+        for key, entry in settings.environments.items():
+            if entry["python"]:
+                try:
+                    singleuser_of(entry["python"])
+                except NoSingleuser as e:
+                    raise SettingsError(f"environments.{key}.python: {e}") from None
+    c.GPUSpawnerMixin.environments = settings.environments
+    c.GPUSpawnerMixin.image_pattern = pattern
 
 
 def _disks(c: Any, disks: dict[str, Any]) -> None:

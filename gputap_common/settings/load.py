@@ -166,6 +166,7 @@ class Settings:
     spawner = property(lambda self: self.section("spawner"))
     courses = property(lambda self: self.section("courses"))
     catalog = property(lambda self: self.section("catalog"))
+    environments = property(lambda self: self.section("environments"))
 
 
 def load_settings(
