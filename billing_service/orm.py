@@ -143,6 +143,8 @@ class BillingSession(Base):
     #: a course session may go on on the student's own credit when course hours run out
     fallback: Mapped[bool] = mapped_column(Boolean, default=False)
     price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: the environment its server ran (the spawner's key, or ``image:`` and a free-text image)
+    environment: Mapped[str] = mapped_column(String(300), default="", server_default="")
 
 
 class LedgerTransaction(IntegerKey, Base):

@@ -87,6 +87,7 @@ def session_view(
         "cost": format_credits(cost),
         "charged_micro": session.charged_micro,
         "course": session.course,
+        "environment": session.environment,
         "price_book_version": session.price_book_version,
         "state": "ended" if session.ended_at is not None else "running",
         **extra,
