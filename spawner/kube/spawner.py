@@ -53,6 +53,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     """KubeSpawner that places each server on the cheapest free GPU, slice or spec match."""
 
     offers_spot = True
+    backend_name = "kubernetes"
 
     on_demand_priority_class = Unicode(
         "gputap-on-demand",
@@ -274,6 +275,8 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             course=record.course,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        if self.server_environment.image:  # else the configured image (gputap's own environment)
+            settings["image"] = self.server_environment.image
         if self._home_selector and not placement.node:
             # a CPU server goes where its home reaches; to the node holding it, GPU node or not
             settings["node_selector"] = dict(self._home_selector)
