@@ -74,6 +74,7 @@ def gpu_pod_settings(
     room: tuple[int, int] | None = None,
     price_class: str = "on-demand",
     course: str = "",
+    environment: str = "",
 ) -> dict[str, Any]:
     """KubeSpawner settings for a placement.
 
@@ -115,6 +116,8 @@ def gpu_pod_settings(
     if course:
         labels[keys.COURSE] = label(course)
         annotations[keys.COURSE] = course
+    if environment:
+        annotations[keys.ENVIRONMENT] = environment
     settings: dict[str, Any] = {"extra_labels": labels, "extra_annotations": annotations}
     if offering.kind == "cpu":
         settings.update(

@@ -273,6 +273,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             room=watcher.inventory.room(placement.node) if placement.node else None,
             price_class=record.price_class,
             course=record.course,
+            environment=record.environment,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
         if self.server_environment.image:  # else the configured image (gputap's own environment)

@@ -51,8 +51,11 @@ def test_the_pod_runs_the_environments_image(platform, cluster):
     r = platform.spawn("ada", {"kind": "card", "card": "A100-80GB", "environment": "torch"})
     assert r.status_code in (201, 202), r.text
     platform.wait_ready("ada")
-    container = server_container(pod_of(cluster, "ada"))
+    pod = pod_of(cluster, "ada")
+    container = server_container(pod)
     assert container["image"] == TORCH_IMAGE
+    # billing's pod meter reads it there, should it open the session itself
+    assert pod["metadata"]["annotations"]["gputap.io/environment"] == "torch"
     assert {"name": "GPUTAP_ENVIRONMENT", "value": "torch"} in container["env"]
     [session] = platform.account("ada")["running"]
     assert session["environment"] == "torch"
