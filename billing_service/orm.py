@@ -227,6 +227,8 @@ class Course(Base):
     reset_weekday: Mapped[int] = mapped_column(Integer)
     reset_time: Mapped[str] = mapped_column(String(5))
     timezone: Mapped[str] = mapped_column(String(64))
+    #: the environment its students' servers run (the hub's key), "" for none pinned
+    environment: Mapped[str] = mapped_column(String(63), default="", server_default="")
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime]
     archived_at: Mapped[datetime | None]

@@ -104,6 +104,8 @@ def billing_settings(settings: Settings) -> dict[str, Any]:
         "data_dir": str(settings.data_dir),
         "billing": settings.billing,
         "spawner": {"backend": spawner["backend"], "kubernetes": spawner["kubernetes"]},
+        # the environments a course may pin
+        "environments": settings.environments,
     }
 
 

@@ -281,6 +281,7 @@ def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
         "reset_weekday": WEEKDAYS[course.reset_weekday],
         "reset_time": course.reset_time,
         "timezone": course.timezone,
+        "environment": course.environment,
         "instructors": list(course.instructors),
         "archived": course.archived_at is not None,
     }

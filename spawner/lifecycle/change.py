@@ -269,8 +269,10 @@ ENVIRONMENT_OPTIONS = ("environment", "image")
 
 def with_environment_kept(new: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
     """``new`` options running the environment of the ``current`` ones, unless they name
-    an environment (or image) of their own."""
+    an environment (or image) of their own, or another course pays (it may pin one)."""
     if any(key in new for key in ENVIRONMENT_OPTIONS):
+        return new
+    if (new.get("course") or "") != ((current or {}).get("course") or ""):
         return new
     kept = {key: current[key] for key in ENVIRONMENT_OPTIONS if (current or {}).get(key)}
     return {**new, **kept}

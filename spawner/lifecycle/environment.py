@@ -62,8 +62,9 @@ class EnvironmentChoice(LoggingConfigurable):
     async def environment_for(self, options: ServerOptions) -> tuple[Environment, ServerOptions]:
         """The environment ``options`` ask for, if this user may have it, and the options
         with their request as it meets the environment's needs (a spec asks for the memory
-        the environment needs); 400 saying what the user may choose otherwise. The user's
-        courses are asked of billing only where an environment is limited to courses."""
+        the environment needs); 400 saying what the user may choose otherwise. A course that
+        pays pins its environment when its instructor chose one. The user's courses are asked
+        of billing only where a course pays or an environment is limited to courses."""
         if options.image and self.backend_name != "kubernetes":
             raise web.HTTPError(
                 400,
@@ -72,18 +73,25 @@ class EnvironmentChoice(LoggingConfigurable):
             )
         catalog = self.environment_catalog
         groups = [group.name for group in self.user.groups]
-        courses: list[str] = []
-        if any(e.courses for e in catalog.by_key.values()):
+        taken: list[dict] = []
+        if options.course or any(e.courses for e in catalog.by_key.values()):
             try:
-                courses = [
-                    c["slug"] for c in (await self.billing.courses(self.user.name))["courses"]
-                ]
+                taken = list((await self.billing.courses(self.user.name))["courses"])
             except BillingUnavailable as e:
                 raise unavailable_error(e) from None
             except BillingRefused:
-                courses = []  # no account yet: no courses
+                taken = []  # no account yet: no courses
+        courses = [c["slug"] for c in taken]
+        key = options.environment
+        pinned = next((c.get("environment") for c in taken if c["slug"] == options.course), "")
+        if pinned and (options.image or key not in ("", pinned)):
+            raise web.HTTPError(
+                400,
+                f"Invalid server options: course {options.course} runs its servers in "
+                f"environment {pinned}; leave environment out, or start without the course",
+            )
         try:
-            environment = catalog.choose(options.environment, options.image, groups, courses)
+            environment = catalog.choose(pinned or key, options.image, groups, courses)
             request = fit_request(environment, options.request, self.catalog)
         except RequestError as e:
             raise web.HTTPError(400, f"Invalid server options: {e}") from None

@@ -151,3 +151,34 @@ def test_a_groups_environment_starts_for_its_members(hub):
     hub.wait_ready("sam")
     assert hub.server_env("sam")["GPUTAP_ENVIRONMENT"] == "staff-only"
     hub.stop_server("sam")
+
+
+def test_a_course_pins_the_environment_of_the_servers_it_pays_for(hub):
+    r = hub.billing(
+        "api/courses",
+        "POST",
+        {"name": "Deep learning", "allowed": ["RTX-4090"], "environment": "torch"},
+    )
+    assert r.status_code == 201 and r.json()["environment"] == "torch", r.text
+    slug = r.json()["slug"]
+    r = hub.billing("api/courses", "POST", {"name": "X", "allowed": ["T4"], "environment": "tf"})
+    assert r.status_code == 400
+    assert (
+        "'tf' is not one of the hub's environments; choose one of gputap, staff-only, torch"
+        in (r.json()["message"])
+    )
+    hub.create_user("stu")
+    r = hub.billing(f"api/courses/{slug}/students", "POST", {"username": "stu"})
+    assert r.status_code in (200, 201), r.text
+    card = {"kind": "card", "card": "RTX-4090", "course": slug}
+    r = hub.spawn("stu", {**card, "environment": "gputap"})
+    assert r.status_code == 400, r.text
+    assert f"course {slug} runs its servers in environment torch" in r.json()["message"]
+    assert hub.server("stu") is None
+    r = hub.spawn("stu", card)
+    assert r.status_code in (201, 202), r.text + hub.log_tail()
+    hub.wait_ready("stu")
+    assert singleuser_ran(hub, "stu").endswith("torch-env/bin/jupyterhub-singleuser")
+    [session] = hub.sessions("stu")
+    assert (session["course"], session["environment"]) == (slug, "torch")
+    hub.stop_server("stu")

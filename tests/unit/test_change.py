@@ -257,6 +257,11 @@ async def test_a_change_keeps_the_environment_unless_it_names_another():
     hub = Hub(spawner)
     await finished(await change_server(hub, ALICE, "", RTX))
     assert hub.calls[1] == ("start", {**RTX, "environment": "torch"})
+    # another payer may pin one: the environment is theirs to say
+    kept = change.with_environment_kept(
+        {**RTX, "course": "dl-2026"}, {**SLICE, "environment": "torch"}
+    )
+    assert kept == {**RTX, "course": "dl-2026"}
     # naming one changes it too
     await finished(await change_server(hub, ALICE, "", {**SLICE, "environment": "gputap"}))
     assert hub.calls[3] == ("start", {**SLICE, "environment": "gputap"})

@@ -1,4 +1,5 @@
-"""The environment each session's server ran (``sessions.environment``).
+"""Environments: the one each session's server ran (``sessions.environment``) and the one a
+course pins its students' servers to (``courses.environment``).
 
 Revision ID: e6b3d9a1c254
 Revises: d2a8f4c61b07
@@ -21,9 +22,15 @@ def upgrade() -> None:
         "sessions",
         sa.Column("environment", sa.String(length=300), nullable=False, server_default=""),
     )
+    # courses made before pins pin none
+    op.add_column(
+        "courses",
+        sa.Column("environment", sa.String(length=63), nullable=False, server_default=""),
+    )
 
 
 def downgrade() -> None:
     # not batch_alter_table: its copy of sessions would break the ledger's foreign keys
     # (SQLite drops a column itself since 3.35)
+    op.drop_column("courses", "environment")
     op.drop_column("sessions", "environment")
