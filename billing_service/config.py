@@ -7,6 +7,7 @@ micro-credits, the price book) and the rules that tie two keys together.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ class BillingConfig:
     kubeconfig: str
     meter_seen_interval_seconds: float
     meter_start_grace_seconds: float
+    #: the hub's environments (the keys of its environments settings) a course may pin
+    environments: frozenset[str] = frozenset()
 
 
 def billing_config(section: Mapping[str, object]) -> BillingConfig:
@@ -91,4 +94,6 @@ def load_billing_settings(
 
 def load_billing_config() -> BillingConfig:
     """The billing configuration from gputap's settings (GPUTAP_SETTINGS, GPUTAP__BILLING__*)."""
-    return billing_config(load_billing_settings().billing)
+    settings = load_billing_settings()
+    config = billing_config(settings.billing)
+    return dataclasses.replace(config, environments=frozenset(settings.environments))

@@ -143,6 +143,8 @@ class BillingSession(Base):
     #: a course session may go on on the student's own credit when course hours run out
     fallback: Mapped[bool] = mapped_column(Boolean, default=False)
     price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: the environment its server ran (the spawner's key, or ``image:`` and a free-text image)
+    environment: Mapped[str] = mapped_column(String(300), default="", server_default="")
 
 
 class LedgerTransaction(IntegerKey, Base):
@@ -225,6 +227,8 @@ class Course(Base):
     reset_weekday: Mapped[int] = mapped_column(Integer)
     reset_time: Mapped[str] = mapped_column(String(5))
     timezone: Mapped[str] = mapped_column(String(64))
+    #: the environment its students' servers run (the hub's key), "" for none pinned
+    environment: Mapped[str] = mapped_column(String(63), default="", server_default="")
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime]
     archived_at: Mapped[datetime | None]

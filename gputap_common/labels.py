@@ -13,6 +13,7 @@ Single-user pods:
 | :data:`COUNT` | ``2`` | |
 | :data:`PRICE_CLASS` | ``on-demand`` or ``spot`` | |
 | :data:`COURSE` | course slug (when course-funded) | the course's key in billing |
+| :data:`ENVIRONMENT` | | the environment the server runs (the spawner's key) |
 | :data:`PRICE_PER_HOUR` | | the price per unit at placement, micro-credits |
 | :data:`SESSION` | | the billing session id (one per start) |
 | :data:`RESERVATION` | | the hub's reservation of the pod's GPUs until it is bound |
@@ -33,6 +34,7 @@ SLICE = f"{PREFIX}slice"
 COUNT = f"{PREFIX}count"
 PRICE_CLASS = f"{PREFIX}price-class"
 COURSE = f"{PREFIX}course"
+ENVIRONMENT = f"{PREFIX}environment"
 PRICE_PER_HOUR = f"{PREFIX}price-per-hour-micro"
 SESSION = f"{PREFIX}session"
 RESERVATION = f"{PREFIX}reservation"

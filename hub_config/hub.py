@@ -20,7 +20,9 @@ from gputap_common import scopes
 from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
 from spawner.core.apps import check_apps
+from spawner.core.environments import environments_from_settings
 from spawner.kube.watch import WATCH_SECONDS
+from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.reaper import reaper_command
 
 from .github import configure_github, github_settings
@@ -106,6 +108,8 @@ def billing_settings(settings: Settings) -> dict[str, Any]:
         "data_dir": str(settings.data_dir),
         "billing": settings.billing,
         "spawner": {"backend": spawner["backend"], "kubernetes": spawner["kubernetes"]},
+        # the environments a course may pin
+        "environments": settings.environments,
     }
 
 
@@ -186,8 +190,9 @@ def apply(c: Any, settings: Settings) -> None:
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
-    _apps(c, settings.section("apps"))
+    _apps(c, settings.section("apps"), set(settings.environments))
     configure_shared_data(c, settings, KUBE_HOME)
+    _environments(c, settings)
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -295,6 +300,24 @@ def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
     c.JupyterHub.hub_ip = str(address)
 
 
+def _environments(c: Any, settings: Settings) -> None:
+    """The environment catalog, refused at start-up when it cannot work on this backend: no
+    default or two, a default not everyone may use, on one machine an environment whose
+    python holds no jupyterhub-singleuser (spawner/core/environments.py)."""
+    spawner = settings.spawner
+    backend, pattern = spawner["backend"], spawner["kubernetes"]["image_pattern"]
+    environments_from_settings(settings.environments, backend, pattern)
+    if backend == "local":
+        for key, entry in settings.environments.items():
+            if entry["python"]:
+                try:
+                    singleuser_of(entry["python"])
+                except NoSingleuser as e:
+                    raise SettingsError(f"environments.{key}.python: {e}") from None
+    c.GPUSpawnerMixin.environments = settings.environments
+    c.GPUSpawnerMixin.image_pattern = pattern
+
+
 def _disks(c: Any, disks: dict[str, Any]) -> None:
     """Data disks (docs/lab.md): where they live, how many and how big; their API in the hub."""
     c.GPUSpawnerMixin.disk_max_size_gb = disks["max_size_gb"]
@@ -303,10 +326,11 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
     c.GPUKubeSpawner.disk_storage_class = disks["storage_class"]
 
 
-def _apps(c: Any, apps: dict[str, Any]) -> None:
+def _apps(c: Any, apps: dict[str, Any], environments: set[str]) -> None:
     """Apps in the servers (docs/lab.md, "Apps"): checked now, so a bad one stops the hub
-    rather than failing in every server; each server gets those of its environment."""
-    check_apps(apps)
+    rather than failing in every server (an app for an environment there is not, too); each
+    server gets those of its environment."""
+    check_apps(apps, environments)
     c.GPUSpawnerMixin.apps = apps
 
 

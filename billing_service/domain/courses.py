@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -42,7 +42,10 @@ COURSE_FIELDS = (
     "reset_weekday",
     "reset_time",
     "timezone",
+    "environment",
 )
+#: an environment's key, as the hub's settings name it (environments.KEY)
+ENVIRONMENT_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 MAX_WEEKLY_HOURS = 168
 MAX_GPUS = 64
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -66,6 +69,8 @@ class CourseRules:
     reset_weekday: int
     reset_time: str
     timezone: str
+    #: the environment its students' servers run ("": the one they choose)
+    environment: str
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,14 @@ def _number(value: object, field: str, low: float, high: float) -> float:
     return float(value)
 
 
-def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRules:
+def course_rules(
+    body: Mapping[str, object], known_skus: set[str], environments: Collection[str] = ()
+) -> CourseRules:
     """Validate an instructor's course; ``ValueError`` says which field is wrong and why.
 
     ``known_skus`` are the options billing has a price for: an allowed option without a price
-    could never be admitted, so it is refused here."""
+    could never be admitted, so it is refused here; ``environments`` the hub's environments,
+    one of which the course may pin."""
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValueError("name must be a non-empty string of at most 200 characters")
@@ -147,7 +155,18 @@ def course_rules(body: Mapping[str, object], known_skus: set[str]) -> CourseRule
         raise ValueError(
             f"timezone must be an IANA name such as Europe/Berlin, not {zone!r}"
         ) from None
+    environment = body.get("environment") or ""
+    if not isinstance(environment, str) or (
+        environment and not ENVIRONMENT_KEY.fullmatch(environment)
+    ):
+        raise ValueError("environment must be the key of one of the hub's environments, or empty")
+    if environment and environment not in environments:
+        raise ValueError(
+            f"environment: {environment!r} is not one of the hub's environments; "
+            f"choose one of {', '.join(sorted(environments))}"
+        )
     return CourseRules(
+        environment=environment,
         name=name.strip(),
         weekly_seconds=round(weekly * 3600),
         allowed=tuple(dict.fromkeys(allowed)),

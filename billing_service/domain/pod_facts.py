@@ -14,6 +14,7 @@ from typing import Any
 from gputap_common.labels import (
     COUNT,
     COURSE,
+    ENVIRONMENT,
     OFFERING,
     PRICE_CLASS,
     SERVER,
@@ -58,6 +59,8 @@ class PodFacts(PodSession):
     ended_at: datetime | None
     #: it will not run again: the pod ended (Succeeded, Failed) or is being deleted
     finished: bool
+    #: the environment its server runs, as the spawner names it ("" when it says none)
+    environment: str = ""
 
     @property
     def running(self) -> bool:
@@ -143,6 +146,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         started_at=started_at,
         ended_at=min(ends, default=None),
         finished=phase in TERMINAL_PHASES or deletion is not None,
+        environment=annotations.get(ENVIRONMENT, ""),
     )
 
 

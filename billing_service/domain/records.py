@@ -36,6 +36,8 @@ class SessionRecord:
     price_book_version: int | None = None
     last_seen_at: datetime | None = None
     fallback: bool = False
+    #: the environment the server ran ("" before environments were recorded)
+    environment: str = ""
 
     @property
     def rate_per_hour_micro(self) -> int:

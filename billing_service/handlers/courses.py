@@ -82,7 +82,8 @@ class CoursesHandler(CourseHandler):
         body = self.body((*COURSE_FIELDS, "slug", "join_code"))
         skus = set((await self.blocking(self.store.price_book_at))[1].skus())
         try:
-            rules = course_rules(body, skus | self._slice_skus(body, skus))
+            known = skus | self._slice_skus(body, skus)
+            rules = course_rules(body, known, self.config.environments)
         except ValueError as e:
             raise web.HTTPError(400, str(e)) from None
         slug = optional_text(body, "slug") or slug_of(rules.name)

@@ -29,6 +29,7 @@ MAX_LENGTH = {
     "id": 200,
     "idempotency_key": 200,
     "hold_id": 64,
+    "environment": 300,
     "reason": 1000,
 }
 #: any other text field

@@ -70,12 +70,15 @@ class SessionsHandler(APIHandler):
     @web.authenticated
     async def post(self) -> None:
         self.require_hub()
-        body = self.body((*SPAWN_FIELDS, "id", "server_name", "started_at", "hold_id"))
+        body = self.body(
+            (*SPAWN_FIELDS, "id", "server_name", "started_at", "hold_id", "environment")
+        )
         session_id = text_field(body, "id")
         spawn = spawn_fields(body)
         server_name = text_field(body, "server_name", empty_ok=True)
         started_at = time_field(body, "started_at")
         hold_id = optional_text(body, "hold_id")
+        environment = optional_text(body, "environment") or ""
         now = self.now()
         session, created = await self.blocking(
             self.store.start_session,
@@ -84,6 +87,7 @@ class SessionsHandler(APIHandler):
             started_at=started_at,
             now=now,
             hold_id=hold_id,
+            environment=environment,
             **spawn,
         )
         if created and session.is_storage:

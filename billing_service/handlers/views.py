@@ -87,6 +87,7 @@ def session_view(
         "cost": format_credits(cost),
         "charged_micro": session.charged_micro,
         "course": session.course,
+        "environment": session.environment,
         "price_book_version": session.price_book_version,
         "state": "ended" if session.ended_at is not None else "running",
         **extra,
@@ -280,6 +281,7 @@ def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
         "reset_weekday": WEEKDAYS[course.reset_weekday],
         "reset_time": course.reset_time,
         "timezone": course.timezone,
+        "environment": course.environment,
         "instructors": list(course.instructors),
         "archived": course.archived_at is not None,
     }

@@ -213,7 +213,9 @@ class KubeMeter:
         if facts.session_id in self._open:
             return self._open[facts.session_id]
         await self._bind(facts)
-        start = partial(self.store.start_session, course=facts.course)
+        start = partial(
+            self.store.start_session, course=facts.course, environment=facts.environment
+        )
         try:
             record, created = await self._db(
                 start,

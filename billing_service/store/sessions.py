@@ -45,6 +45,7 @@ def start_session(
     *,
     hold_id: str | None = None,
     course: str = "",
+    environment: str = "",
     terms: Terms,
 ) -> Saved[SessionRecord]:
     """Record a started server, priced by the book in force when it started; the same id
@@ -53,7 +54,8 @@ def start_session(
     for a SKU without a price then.
 
     A data disk's storage session (sku "disk", price class "storage", count = GB) is named
-    "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise)."""
+    "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise).
+    ``environment`` is what the server runs, as the spawner names it."""
     check_price_class(sku, price_class)
     if price_class == STORAGE:
         check_storage_session(server_name, hold_id, course)
@@ -86,6 +88,7 @@ def start_session(
         charged_micro=0,
         course=course,
         price_book_version=version,
+        environment=environment,
     )
     db.add(row)
     db.flush()

@@ -170,6 +170,7 @@ class Settings:
     catalog = property(lambda self: self.section("catalog"))
     #: the folders every server sees read-only (a list: each entry as the schema declares it)
     shared_data = property(lambda self: list(self.raw["shared_data"]))
+    environments = property(lambda self: self.section("environments"))
 
 
 def load_settings(

@@ -218,7 +218,13 @@ def _yaml_entry(key: str, node: Mapping[str, Any], value: Any, pad: str) -> list
             after_section = is_section(child)
     elif isinstance(value, dict) and value:
         lines.append(f"{pad}{key}:")
-        lines += [f"{pad}  {_flow(k)}: {_flow(v)}" for k, v in value.items()]
+        for k, v in value.items():
+            line = f"{pad}  {_flow(k)}: {_flow(v)}"
+            if isinstance(v, dict) and len(line) > WIDTH:  # a long entry, one key a line
+                lines.append(f"{pad}  {_flow(k)}:")
+                lines += [f"{pad}    {_flow(k2)}: {_flow(v2)}" for k2, v2 in v.items()]
+            else:
+                lines.append(line)
     else:
         lines.append(f"{pad}{key}: {_flow(value)}")
     return lines
@@ -273,14 +279,17 @@ def _section(path: tuple[str, ...], node: Mapping[str, Any], heading: str) -> li
     return lines
 
 
-def _rows(prefix: str, node: Mapping[str, Any]) -> Iterator[list[str]]:
+def _rows(prefix: str, node: Mapping[str, Any], inside: bool = False) -> Iterator[list[str]]:
     """Table rows of a section's values, with the keys inside its lists' items and its maps'
-    values after the list or map (``hub.services[].name``, ``catalog.cards.*.name``)."""
+    values after the list or map (``hub.services[].name``, ``catalog.cards.*.name``), and
+    there (``inside``) the keys of their sections too (``environments.*.needs.gpu``)."""
     required = set(node.get("required", []))
     for key, child in node["properties"].items():
-        if is_section(child):
-            continue
         name = f"{prefix}.{key}" if prefix else key
+        if is_section(child):
+            if inside:
+                yield from _rows(name, child, inside)
+            continue
         if "default" in child:
             default = f"`{_flow(child['default'])}`"
         else:
@@ -289,9 +298,9 @@ def _rows(prefix: str, node: Mapping[str, Any]) -> Iterator[list[str]]:
         description = _markdown(str(child.get("description", "")))
         yield [f"`{name}`", _markdown(type_text), default, description]
         if is_map(child) and is_section(child["additionalProperties"]):
-            yield from _rows(f"{name}.*", child["additionalProperties"])
+            yield from _rows(f"{name}.*", child["additionalProperties"], inside=True)
         elif is_section(child.get("items", {})):
-            yield from _rows(f"{name}[]", child["items"])
+            yield from _rows(f"{name}[]", child["items"], inside=True)
 
 
 def _table(rows: Iterator[list[str]]) -> list[str]:

@@ -26,6 +26,7 @@ from gputap_common.names import server_label
 
 from ..core.asking import Credit, credit_of
 from ..core.catalog import CPU_KEY
+from ..core.environments import Environment
 from ..core.form import Choice, CourseOffer, course_offers, offering_options
 from ..lifecycle import stops
 from ..lifecycle.billing_client import BillingRefused, BillingUnavailable
@@ -71,6 +72,16 @@ def choice_view(
         "alternatives": alternatives_view(choice.alternatives),
         "affordable": affordable,
         "shortfall": shortfall,
+    }
+
+
+def environment_view(environment: Environment) -> dict[str, Any]:
+    """What a server's environment is, as its user sees it."""
+    return {
+        "key": environment.key,
+        "name": environment.name,
+        "description": environment.description,
+        "tags": list(environment.tags),
     }
 
 
@@ -168,6 +179,7 @@ class ServerHandler(ServerAPIHandler):
                 "count": record.count if record else None,
                 "simulated": bool(record and record.simulated),
                 "course": record.course if record else "",
+                "environment": environment_view(spawner.server_environment) if record else None,
                 "disks": await spawner.attached_disks_view(),
                 "session": session,
                 "account": account,

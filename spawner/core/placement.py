@@ -244,6 +244,10 @@ class ServerOptions:
     queue: bool = False
     spot: bool = False
     course: str = ""
+    #: the environment's key ("": the default) or a free-text image ("": none); the spawner
+    #: checks them against its catalog (spawner/core/environments.py)
+    environment: str = ""
+    image: str = ""
 
 
 COURSE_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
@@ -262,7 +266,8 @@ def _flag(options: Mapping[str, Any], key: str) -> bool:
 
 
 def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> ServerOptions:
-    """Validate ``user_options``: the request and the run options ``queue`` and ``spot``."""
+    """Validate ``user_options``: the request, the run options ``queue`` and ``spot``, the
+    course that pays, and the environment (or free-text image) as text."""
     if options is not None and not isinstance(options, Mapping):
         raise RequestError('options must be an object such as {"kind": "card", ...}')
     options = dict(options or {})
@@ -274,7 +279,23 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
         raise RequestError(f"course must be the slug of one of your courses, not {course!r}")
     if course and flags["spot"]:
         raise RequestError("a course pays for on-demand servers only; leave spot off")
-    return ServerOptions(parse_request(options, catalog), **flags, course=course)
+    environment = _text(options.pop("environment", ""), "environment", "the key of an environment")
+    image = _text(options.pop("image", ""), "image", "an image reference")
+    return ServerOptions(
+        parse_request(options, catalog),
+        **flags,
+        course=course,
+        environment=environment,
+        image=image,
+    )
+
+
+def _text(value: Any, key: str, what: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RequestError(f"{key} must be {what} (a string), not {type(value).__name__}")
+    return value
 
 
 def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Request:

@@ -74,6 +74,7 @@ def gpu_pod_settings(
     room: tuple[int, int] | None = None,
     price_class: str = "on-demand",
     course: str = "",
+    environment: str = "",
 ) -> dict[str, Any]:
     """KubeSpawner settings for a placement.
 
@@ -115,6 +116,8 @@ def gpu_pod_settings(
     if course:
         labels[keys.COURSE] = label(course)
         annotations[keys.COURSE] = course
+    if environment:
+        annotations[keys.ENVIRONMENT] = environment
     settings: dict[str, Any] = {"extra_labels": labels, "extra_annotations": annotations}
     if offering.kind == "cpu":
         settings.update(
@@ -164,8 +167,9 @@ def _notebook_container(pod: V1Pod) -> Any:
 
 def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
     """``settings`` (what :func:`gpu_pod_settings` and ``disk_pod_settings`` make, keyed as
-    the KubeSpawner options they add to, plus ``priority_class_name``; ``environment``
-    replaces the container's variables of the same names) added to the pod
+    the KubeSpawner options they add to, plus ``priority_class_name`` and the server
+    container's ``image``; ``environment`` replaces the container's variables of the same
+    names) added to the pod
     KubeSpawner built from its configuration: mappings merged over what is configured (ours
     win), lists appended, scalars set. Changes and returns ``pod``.
 
@@ -183,6 +187,8 @@ def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
     resources.requests = requests
     resources.limits = {**(resources.limits or {}), **settings.get("extra_resource_limits", {})}
     container.resources = resources
+    if settings.get("image"):
+        container.image = settings["image"]
     if settings.get("environment"):
         ours = settings["environment"]
         kept = [e for e in container.env or [] if e.name not in ours]

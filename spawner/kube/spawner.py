@@ -53,6 +53,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     """KubeSpawner that places each server on the cheapest free GPU, slice or spec match."""
 
     offers_spot = True
+    backend_name = "kubernetes"
 
     on_demand_priority_class = Unicode(
         "gputap-on-demand",
@@ -272,8 +273,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             room=watcher.inventory.room(placement.node) if placement.node else None,
             price_class=record.price_class,
             course=record.course,
+            environment=record.environment,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        if self.server_environment.image:  # else the configured image (gputap's own environment)
+            settings["image"] = self.server_environment.image
         if self._home_selector and not placement.node:
             # a CPU server goes where its home reaches; to the node holding it, GPU node or not
             settings["node_selector"] = dict(self._home_selector)

@@ -197,6 +197,8 @@ class BillingClient:
             body["hold_id"] = record.hold_id
         if record.course:
             body["course"] = record.course
+        if record.environment:
+            body["environment"] = record.environment
         return await self._call("POST", "api/sessions", body)
 
     async def start_storage_session(

@@ -199,7 +199,10 @@ async def change_server(
     ``undo`` puts back what the caller changed before asking (a disk's attachment) when the
     new start fails, before the old options start again.
 
-    Raises 400 (invalid options), 409 (not running, pending or already changing; or, without
+    The server keeps its environment unless ``user_options`` name another.
+
+    Raises 400 (invalid options, an environment that is not the user's or cannot run on the
+    new GPU), 409 (not running, pending or already changing; or, without
     ``queue``, :class:`ChangeRefused` when it does not fit now) and 503 (billing does not
     answer); in each case nothing was stopped. Returns the change's status record."""
     spawner = hub.spawner(user, server_name)
@@ -207,10 +210,13 @@ async def change_server(
     if busy:
         raise web.HTTPError(409, busy)
     options_in = {**user_options, "queue": True} if queue else dict(user_options)
+    options_in = with_environment_kept(options_in, spawner.user_options)
     try:
         options = spawner.parse_server_options(options_in)
     except RequestError as e:
         raise web.HTTPError(400, f"Invalid server options: {e}") from None
+    # 400 when the environment is not the user's or cannot run on the new GPU
+    _, options = await spawner.environment_for(options)
     try:
         # first: billing must answer before anything is stopped, or neither the new server
         # nor the old one could start again (and the fit check's prices may be cached)
@@ -255,6 +261,21 @@ async def change_server(
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return change
+
+
+#: the options that say what a server runs rather than on what: a change keeps them
+ENVIRONMENT_OPTIONS = ("environment", "image")
+
+
+def with_environment_kept(new: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
+    """``new`` options running the environment of the ``current`` ones, unless they name
+    an environment (or image) of their own, or another course pays (it may pin one)."""
+    if any(key in new for key in ENVIRONMENT_OPTIONS):
+        return new
+    if (new.get("course") or "") != ((current or {}).get("course") or ""):
+        return new
+    kept = {key: current[key] for key in ENVIRONMENT_OPTIONS if (current or {}).get(key)}
+    return {**new, **kept}
 
 
 async def _check_course(

@@ -32,7 +32,6 @@ from typing import Any
 
 from tornado import web
 from traitlets import Dict, Integer, Unicode, default
-from traitlets.config import LoggingConfigurable
 
 from gputap_common import clock
 from gputap_common.names import server_label
@@ -40,7 +39,6 @@ from gputap_common.names import server_label
 from ..core.asking import Refused, credit_of
 from ..core.catalog import CPU_KEY, Catalog, load_catalog
 from ..core.choices import build_choices
-from ..core.disks import Disk, DiskError
 from ..core.form import (
     Choice,
     course_offers,
@@ -62,6 +60,8 @@ from ..core.placement import (
 from ..core.record import ServerRecord
 from . import placing, refusals, server_apps, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
+from .disk_mounts import DiskMounts
+from .environment import EnvironmentChoice
 from .metering import Metering
 from .request_body import start_options
 
@@ -85,7 +85,7 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.options_applied(options)
 
 
-class GPUSpawnerMixin(server_apps.AppsMixin, LoggingConfigurable):
+class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
     """The lifecycle, the form and the billing glue shared by gputap's spawners."""
 
     billing_url = Unicode(
@@ -277,6 +277,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, LoggingConfigurable):
         # not `_start`: KubeSpawner.start calls its own `_start`, which this would shadow
         await self.discover()
         options = self.validated_options()
+        environment, options = await self.environment_for(options)
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"
         prices = await self.prices_for(price_view, price_class)
@@ -287,6 +288,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, LoggingConfigurable):
             offering=placement.offering.key,
             count=placement.count,
             course=options.course,
+            environment=environment.key,
             price_class=price_class,
         )
         self.take_devices(placement, record)
@@ -453,31 +455,6 @@ class GPUSpawnerMixin(server_apps.AppsMixin, LoggingConfigurable):
         # the Lab extension shows the server's disks from here
         env["GPUTAP_DISKS"] = json.dumps(self.mounted_disks or [])
         return env
-
-    # -- data disks ------------------------------------------------------------------------
-
-    # each backend provides ``disk_store`` (a spawner.core.disks.DiskStore) and
-    # ``disk_path(name)``, where disk ``name`` appears inside this user's servers
-
-    async def disks_to_mount(self) -> tuple[list[Disk], set[str]]:
-        """The disks attached to this server, read as it starts (they become its
-        ``mounted_disks`` and $GPUTAP_DISKS), and the names of the user's disks attached to
-        their other servers (whose links in the shared home must stay)."""
-        try:
-            every = await self.disk_store.list(self.user.name)
-        except DiskError as e:
-            raise web.HTTPError(e.status, e.message) from None
-        disks = [d for d in every if d.attached_to == self.name]
-        elsewhere = {d.name for d in every if d.attached_to not in (None, self.name)}
-        self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
-        if disks:
-            self.log.info("%s: mounting disks %s", self.who, ", ".join(d.name for d in disks))
-        return disks, elsewhere
-
-    async def attached_disks_view(self) -> list[dict[str, Any]]:
-        """The data disks of the running server, as the server API shows them:
-        ``[{"name", "path"}]``, the disks it mounted at its start (none once stopped)."""
-        return [dict(d) for d in self.mounted_disks or []]
 
     # -- placement and the queue -------------------------------------------------------------
 

@@ -32,7 +32,9 @@ from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
 from . import moves
 from .disks import LocalDiskStore, link_disks
+from .environments import singleuser_of
 from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
+from .reaper import reaper_command
 from .shared_data import link_shared_data
 
 DEFAULT_INVENTORY_FILE = (
@@ -148,6 +150,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
+    #: the command configured (gputap's own environment), kept when a start runs another
+    _configured_cmd: list[str] | None = None
     #: the disk links a system user's server makes as it starts (see _link_disks)
     _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
 
@@ -402,6 +406,9 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                     read_at=lambda e: e["folder"],
                 )
             )
+        python = self.server_environment.python
+        if python:  # its programs (python, pip) before the hub's
+            env["PATH"] = os.pathsep.join([str(singleuser_of(python).parent), env.get("PATH", "")])
         return env
 
     # -- lifecycle hooks (spawner.lifecycle.mixin) -------------------------------------------
@@ -448,6 +455,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         starts when the server is up); a process that never answered is stopped."""
         await self._link_disks()
         await self._link_shared_data()
+        self._run_environment()
         try:
             ip, port = await LocalProcessSpawner.start(self)
             await self._wait_up(ip, port)
@@ -456,6 +464,17 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 await LocalProcessSpawner.stop(self, now=True)
             raise
         return ip, port
+
+    def _run_environment(self) -> None:
+        """The command of this start: the environment's own jupyterhub-singleuser under the
+        reaper, or (gputap's own) the configured command. LocalProcessSpawner.start runs
+        ``cmd`` and offers no hook, so it is set here, for this start, from what was
+        configured."""
+        if self._configured_cmd is None:
+            self._configured_cmd = list(self.cmd)
+        python = self.server_environment.python
+        own = [*reaper_command(), str(singleuser_of(python))] if python else None
+        self.cmd = own or self._configured_cmd
 
     async def still_running(self) -> bool:
         return bool(self.pid) and await self._signal(0)

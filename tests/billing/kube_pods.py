@@ -32,6 +32,7 @@ def gputap_pod(
     restart_policy: str = "Never",
     command: list[str] | None = None,
     node_selector: dict[str, str] | None = None,
+    environment: str = "",
 ) -> dict:
     """A pod labelled and annotated as GPUKubeSpawner labels its pods (kube_objects.py), whose
     server container sleeps ``seconds``. Without ``session_id`` it has no session annotation
@@ -43,6 +44,8 @@ def gputap_pod(
     }
     if session_id:
         annotations["gputap.io/session"] = session_id
+    if environment:
+        annotations["gputap.io/environment"] = environment
     spec = {
         "restartPolicy": restart_policy,
         "containers": [

@@ -48,6 +48,9 @@ def make_course(store, slug="dl101", **rules):
         ({"reset_time": "25:00"}, "reset_time must be HH:MM"),
         ({"timezone": "Mars/Olympus"}, "timezone must be an IANA name"),
         ({"name": ""}, "name must be a non-empty string"),
+        ({"environment": "torch"}, "'torch' is not one of the hub's environments"),
+        ({"environment": "Torch!"}, "environment must be the key of one of the hub's"),
+        ({"environment": 3}, "environment must be the key of one of the hub's"),
     ],
 )
 def test_absurd_rules_are_refused_with_the_reason(body, says):

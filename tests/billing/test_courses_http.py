@@ -125,6 +125,11 @@ def test_the_course_view_a_student_gets_and_their_hours(people):
         ),
         ({"name": "X", "allowed": ["T4"], "max_concurrent_gpus": 10**9}, "max_concurrent_gpus"),
         ({"name": "X", "allowed": ["T4"], "slug": "Bad Slug"}, "slug must be"),
+        (
+            {"name": "X", "allowed": ["T4"], "environment": "torch"},
+            "environment: 'torch' is not one of the hub's environments; choose one of gputap",
+        ),
+        ({"name": "X", "allowed": ["T4"], "environment": ["gputap"]}, "environment must be"),
         (["not", "an", "object"], "JSON object"),
     ],
 )
@@ -144,6 +149,21 @@ def test_a_course_team_is_stored_as_the_hub_group(people):
     assert r.status_code == 201, r.text
     assert r.json()["github_team"] == "acme:dl-2026"
     assert people["prof"]("GET", "api/courses/teams").json()["github_team"] == "acme:dl-2026"
+
+
+def test_a_course_pins_one_of_the_hubs_environments_and_its_students_see_it(people):
+    r = people["prof"](
+        "POST",
+        "api/courses",
+        json={"name": "Pinned", "allowed": ["T4"], "environment": "gputap", "join_code": False},
+    )
+    assert r.status_code == 201 and r.json()["environment"] == "gputap", r.text
+    assert people["prof"]("GET", "api/courses/pinned").json()["environment"] == "gputap"
+    assert people["prof"]("POST", "api/courses/pinned/students", json={"username": "stu"}).ok
+    taken = people["stu"]("GET", "api/accounts/stu/courses").json()["courses"]
+    assert {c["slug"]: c["environment"] for c in taken}["pinned"] == "gputap"
+    # a course without a pin: ""
+    assert people["prof"]("GET", "api/courses/intro-to-dl").json()["environment"] == ""
 
 
 def test_only_instructors_create_and_only_admins_make_instructors(people):

@@ -145,6 +145,28 @@ def test_session_lifecycle_and_idempotency(hub, as_hub):
     assert r.status_code == 404
 
 
+def test_a_session_records_the_environment_its_server_runs(hub, as_hub):
+    start = {
+        "username": "fern",
+        "server_name": "",
+        "sku": "cpu",
+        "count": 1,
+        "started_at": "2025-01-01T10:00:00+00:00",
+    }
+    r = as_hub("POST", "api/sessions", json={**start, "id": "fern-1", "environment": "torch"})
+    assert r.status_code == 201 and r.json()["environment"] == "torch"
+    r = as_hub("POST", "api/sessions", json={**start, "id": "fern-2"})  # before environments
+    assert r.status_code == 201 and r.json()["environment"] == ""
+    sessions = as_hub("GET", "api/sessions?username=fern").json()["sessions"]
+    assert {s["id"]: s["environment"] for s in sessions} == {"fern-1": "torch", "fern-2": ""}
+    for environment, why in ((3, "must be a string"), ("e" * 301, "at most 300")):
+        r = as_hub(
+            "POST", "api/sessions", json={**start, "id": "fern-3", "environment": environment}
+        )
+        assert r.status_code == 400 and why in r.json()["message"]
+    assert len(as_hub("GET", "api/sessions?username=fern").json()["sessions"]) == 2
+
+
 @pytest.mark.parametrize(
     "path, body, field",
     [

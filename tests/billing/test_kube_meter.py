@@ -100,6 +100,13 @@ def test_a_course_funded_pod_names_its_course():
     assert pod_facts(pod).course == "dl-2026"
 
 
+def test_a_pod_names_the_environment_its_server_runs():
+    pod = api_pod(state={"running": {"startedAt": at(1)}})
+    assert pod_facts(pod).environment == ""
+    pod["metadata"]["annotations"]["gputap.io/environment"] = "torch"
+    assert pod_facts(pod).environment == "torch"
+
+
 def test_a_pod_without_session_annotation_is_its_own_session():
     pod = api_pod(state={"running": {"startedAt": at(1)}})
     del pod["metadata"]["annotations"]["gputap.io/session"]
@@ -488,7 +495,8 @@ async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_doe
     admission = store.admit("ada", "A100-80GB", 1, datetime.now(UTC), idempotency_key="s-hub")
     assert [h.id for h in store.holds("ada", datetime.now(UTC))] == [admission.hold.id]
     cluster.api.create(POD, NS, gputap_pod("by-hub", "ada", session_id="s-hub"))
-    cluster.api.create(POD, NS, gputap_pod("hub-down", "bob", "T4", session_id="s-meter"))
+    hub_down = gputap_pod("hub-down", "bob", "T4", session_id="s-meter", environment="torch")
+    cluster.api.create(POD, NS, hub_down)
     pods = await until(lambda: (p := cluster.truth.snapshot()) and all(
         t.started for t in p.values()) and {t.session_id: t for t in p.values()})  # fmt: skip
     await asyncio.sleep(0.5)
@@ -499,6 +507,7 @@ async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_doe
     # the hub never opens the other one: billing does once the grace is over, from the start
     opened = await until(lambda: session(store, "s-meter"), within=10)
     assert opened.started_at == pods["s-meter"].started
+    assert opened.environment == "torch"  # what the pod's annotation says it runs
     assert datetime.now(UTC) - pods["s-meter"].started >= timedelta(seconds=2)
     assert store.holds("ada", datetime.now(UTC)) == []  # the session took the hold over
     assert session(store, "s-hub").started_at == started

@@ -306,6 +306,11 @@ def test_two_replicas_charging_at_once_never_double_charge(database_url):
             store.engine.dispose()
 
 
+#: the columns revision e6b3d9a1c254 adds to sessions and courses, which the store writes
+SESSION_ENVIRONMENT = "ALTER TABLE sessions ADD COLUMN environment VARCHAR(300) NOT NULL DEFAULT ''"
+COURSE_ENVIRONMENT = "ALTER TABLE courses ADD COLUMN environment VARCHAR(63) NOT NULL DEFAULT ''"
+
+
 def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
     """The revision before revenue shards wrote every charge to ``system:revenue``: upgrading
     makes it shard 0 beside seven empty ones, downgrading puts every shard's postings and
@@ -314,6 +319,8 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
     engine = make_engine(database_url)
     with engine.begin() as connection:
         command.upgrade(_config(connection), before)
+        # this code writes the column a later revision adds to sessions: here for it alone
+        connection.execute(text(SESSION_ENVIRONMENT))
     # this code on that revision's tables: open_database would refuse them, rightly
     store = Store(
         engine,
@@ -331,6 +338,7 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
             )
         )
         db.execute(text("DELETE FROM ledger_accounts WHERE code LIKE 'system:revenue:%'"))
+        db.execute(text("ALTER TABLE sessions DROP COLUMN environment"))
 
     upgrade_database(engine)
     engine.dispose()
@@ -383,6 +391,7 @@ def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
     engine = make_engine(database_url)
     with engine.begin() as connection:
         command.upgrade(_config(connection), "b5e1c7d93a02")
+        connection.execute(text(COURSE_ENVIRONMENT))  # what this code writes, for it alone
     store = Store(
         engine,
         make_price_book(load_settings(environ={}).billing["prices"]),
@@ -396,6 +405,7 @@ def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
                         join_code=False)  # fmt: skip
     with store.engine.begin() as db:  # as that revision let it be written
         db.execute(text("UPDATE courses SET github_team = 'Acme:DL-2025' WHERE slug = 'dl'"))
+        db.execute(text("ALTER TABLE courses DROP COLUMN environment"))
     upgrade_database(engine)
     with engine.connect() as db:
         teams = dict(db.execute(text("SELECT slug, github_team FROM courses")).all())

@@ -116,13 +116,16 @@ def cluster(chart_rbac):
 
 @contextlib.contextmanager
 def gputap_cluster(
-    chart_rbac: list[dict], namespaces: tuple[str, ...] = (), **kwargs: Any
+    chart_rbac: list[dict],
+    namespaces: tuple[str, ...] = (),
+    images: tuple[str, ...] = (),
+    **kwargs: Any,
 ) -> Iterator[ClusterThread]:
     """A simulated cluster (``kwargs`` for SimulatedCluster) as `helm install` leaves it for
     gputap, in the release's namespace and ``namespaces`` (made by the operator first), its
-    pods run as the single-user image's user; at the end, nothing the hub or billing asked may
-    have been refused."""
-    images = {"gputap/singleuser": singleuser_image_user()}
+    pods run as the single-user image's user (and as that of ``images``, built on it, by
+    repository); at the end, nothing the hub or billing asked may have been refused."""
+    images = {name: singleuser_image_user() for name in ("gputap/singleuser", *images)}
     with SimulatedCluster.run_in_thread(event_interval=1.0, images=images, **kwargs) as c:
         install_gputap(c, chart_rbac, namespaces)
         yield c
@@ -165,10 +168,17 @@ def platform(cluster, tmp_path_factory):
     p.shutdown()
 
 
-def kube_platform(cluster, root: Path, namespace: str = NAMESPACE) -> Platform:
-    """The platform (not started) on the cluster, its servers in ``namespace``: the hub and
-    billing with their ServiceAccounts' tokens (the release's), their clients' default
-    namespace the servers'."""
+def kube_platform(
+    cluster,
+    root: Path,
+    kubernetes: dict | None = None,
+    namespace: str = NAMESPACE,
+    **settings: Any,
+) -> Platform:
+    """The platform on ``cluster``'s Kubernetes backend, its servers in ``namespace``, with the
+    hub's and billing's ServiceAccounts (the release's; their clients' default namespace the
+    servers'), and ``kubernetes`` (spawner.kubernetes keys) and ``settings`` (sections) beside
+    the tests' own; not yet started."""
     kubeconfig = cluster.write_kubeconfig(
         str(root / "kubeconfig"),
         namespace=namespace,
@@ -194,9 +204,11 @@ def kube_platform(cluster, root: Path, namespace: str = NAMESPACE) -> Platform:
                     "environment": {
                         "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
                     },
+                    **(kubernetes or {}),
                 },
             },
             "billing": {"kubeconfig": billing_kubeconfig},
+            **settings,
         },
         env={"KUBECONFIG": kubeconfig},
     )

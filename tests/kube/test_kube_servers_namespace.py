@@ -32,7 +32,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def platform(cluster, tmp_path_factory):
-    p = kube_platform(cluster, tmp_path_factory.mktemp("kube-servers-namespace"), SERVERS)
+    p = kube_platform(cluster, tmp_path_factory.mktemp("kube-servers-namespace"), namespace=SERVERS)
     p.start()
     yield p
     p.shutdown()

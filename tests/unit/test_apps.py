@@ -33,16 +33,21 @@ TENSORBOARD = {
 }
 
 
-def settings(tmp_path, apps=None, **environ):
+#: environments beside gputap's own (the hub's Python on one machine)
+ENVIRONMENTS = {key: {"name": key} for key in ("pytorch", "tensorflow", "vllm")}
+
+
+def settings(tmp_path, apps=None, environments=None, **environ):
     f = tmp_path / "gputap.yaml"
-    f.write_text(yaml.safe_dump({"data_dir": str(tmp_path), **({"apps": apps} if apps else {})}))
+    values = {"data_dir": str(tmp_path), "apps": apps or {}, "environments": environments or {}}
+    f.write_text(yaml.safe_dump(values))
     return load_settings(f, environ=environ)
 
 
-def started(tmp_path, apps=None, **environ) -> Config:
+def started(tmp_path, apps=None, environments=None, **environ) -> Config:
     """The hub's config as jupyterhub_config.py makes it (what start-up checks)."""
     c = Config()
-    apply(c, settings(tmp_path, apps, **environ))
+    apply(c, settings(tmp_path, apps, environments, **environ))
     return c
 
 
@@ -113,7 +118,7 @@ def test_apps_go_only_to_servers_of_their_environments(tmp_path):
         "tensorboard": {"environments": ["pytorch", "tensorflow"]},
         "custom": {"lab-ui": {"port": 7000}, "vllm-ui": {"port": 7001, "environments": ["vllm"]}},
     }
-    loaded = started(tmp_path, apps).GPUSpawnerMixin.apps
+    loaded = started(tmp_path, apps, ENVIRONMENTS).GPUSpawnerMixin.apps
     assert set(proxy_servers(loaded, "pytorch")) == {"tensorboard", "lab-ui"}
     assert set(proxy_servers(loaded, "vllm")) == {"lab-ui", "vllm-ui"}
     # the backend's default environment: only what every environment has
@@ -242,8 +247,13 @@ def test_a_spawner_hands_its_server_the_apps_of_its_environment(tmp_path):
         record = None
 
     apps = {"custom": {"vllm-ui": {"port": 7001, "environments": ["vllm"]}}}
-    spawner = Spawner(apps=started(tmp_path, apps).GPUSpawnerMixin.apps)
+    spawner = Spawner(apps=started(tmp_path, apps, ENVIRONMENTS).GPUSpawnerMixin.apps)
     env = spawner.get_env()
     assert env["PATH"] == "/usr/bin" and set(json.loads(env["GPUTAP_APPS"])) == {"tensorboard"}
     spawner.record = ServerRecord(session_id="s1", offering="cpu", count=1, environment="vllm")
     assert set(json.loads(spawner.get_env()["GPUTAP_APPS"])) == {"tensorboard", "vllm-ui"}
+
+
+def test_an_app_for_an_environment_the_hub_does_not_have_stops_it(tmp_path):
+    apps = {"custom": {"ui": {"port": 7000, "environments": ["pytorch"]}}}
+    assert "apps.custom.ui.environments: pytorch is no env" in refusal(tmp_path, apps)

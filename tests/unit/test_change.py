@@ -15,6 +15,7 @@ from spawner.core.record import ServerRecord
 from spawner.lifecycle import change
 from spawner.lifecycle.billing_client import BillingUnavailable
 from spawner.lifecycle.change import ChangeRefused, change_server
+from spawner.lifecycle.environment import EnvironmentChoice
 
 CATALOG = Catalog.load()
 SLICE = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
@@ -39,12 +40,21 @@ def running_on(key: str) -> ServerRecord:
     return ServerRecord(session_id="s-1", offering=key, count=1)
 
 
-class Spawner:
-    """What a change reads of a running server's spawner."""
+#: gputap's own environment (the default) and one that needs a GPU of 20 GB or more
+ENVIRONMENTS = {
+    "gputap": {"name": "gputap minimal", "default": True},
+    "torch": {"name": "PyTorch", "needs": {"gpu": True, "min_gpu_memory_gb": 20}},
+}
+
+
+class Spawner(EnvironmentChoice):
+    """What a change reads of a running server's spawner (its environments the real ones)."""
 
     catalog = CATALOG
 
     def __init__(self, answer: Placement | Refusal) -> None:
+        super().__init__(environments=ENVIRONMENTS)
+        self.user = SimpleNamespace(name="alice", groups=[])
         self.answer = answer
         self.pending: str | None = None
         self.ready = True
@@ -61,6 +71,7 @@ class Spawner:
         return parse_options(options, CATALOG)
 
     async def fits_after_stop(self, options):
+        self.fitted = options
         return self.answer
 
 
@@ -238,3 +249,36 @@ async def test_bad_options_are_a_400_and_a_second_change_waits_for_the_first():
         await change_server(hub, ALICE, "", SLICE)
     assert busy.value.status_code == 409 and "already changing" in busy.value.log_message
     await finished(first)
+
+
+async def test_a_change_keeps_the_environment_unless_it_names_another():
+    spawner = Spawner(FITS)
+    spawner.user_options = {**SLICE, "environment": "torch"}
+    hub = Hub(spawner)
+    await finished(await change_server(hub, ALICE, "", RTX))
+    assert hub.calls[1] == ("start", {**RTX, "environment": "torch"})
+    # another payer may pin one: the environment is theirs to say
+    kept = change.with_environment_kept(
+        {**RTX, "course": "dl-2026"}, {**SLICE, "environment": "torch"}
+    )
+    assert kept == {**RTX, "course": "dl-2026"}
+    # naming one changes it too
+    await finished(await change_server(hub, ALICE, "", {**SLICE, "environment": "gputap"}))
+    assert hub.calls[3] == ("start", {**SLICE, "environment": "gputap"})
+
+
+async def test_a_change_the_environment_cannot_run_on_is_a_400_and_stops_nothing():
+    spawner = Spawner(FITS)
+    spawner.user_options = {**RTX, "environment": "torch"}
+    hub = Hub(spawner)
+    with pytest.raises(web.HTTPError) as refused:
+        await change_server(hub, ALICE, "", {"kind": "cpu"})
+    assert refused.value.status_code == 400
+    assert "environment torch needs a GPU" in refused.value.log_message
+    with pytest.raises(web.HTTPError) as refused:
+        await change_server(hub, ALICE, "", {**RTX, "environment": "tensorflow"})
+    assert "you may use: gputap, torch" in refused.value.log_message
+    assert hub.calls == []
+    # a spec asks for what the environment needs
+    await finished(await change_server(hub, ALICE, "", {"kind": "spec", "min_memory_gb": 8}))
+    assert spawner.fitted.request.min_memory_gb == 20

@@ -218,3 +218,13 @@ async def test_a_cpu_server_gets_its_labels_requests_and_no_gpus():
         k: v for k, v in was.items() if k not in ("resources", "env")
     }
     assert after["metadata"]["annotations"]["gputap.io/session"] == "s-3"
+
+
+async def test_an_environments_image_replaces_the_configured_one_and_nothing_else():
+    from spawner.kube.objects import apply_pod_settings
+
+    before = pod_json(kubespawner_pod())
+    after = pod_json(apply_pod_settings(kubespawner_pod(), {"image": "quay.io/acme/torch:2"}))
+    [container], [was] = after["spec"].pop("containers"), before["spec"].pop("containers")
+    assert container == {**was, "image": "quay.io/acme/torch:2"}
+    assert after == before

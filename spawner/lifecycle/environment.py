@@ -1,0 +1,104 @@
+"""Which environment a server runs (spawner/core/environments.py), for every backend: the
+catalog from the settings, the choice a start asks for checked against who the user is and the
+GPU asked for, and the environment of the running server."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tornado import web
+from traitlets import Dict, Unicode
+from traitlets.config import LoggingConfigurable
+
+from gputap_common.settings import node_at
+
+from ..core.environments import Environment, Environments, environments_from_settings, fit_request
+from ..core.placement import RequestError, ServerOptions
+from .billing_client import BillingRefused, BillingUnavailable, unavailable_error
+
+
+class EnvironmentChoice(LoggingConfigurable):
+    """The environments part of :class:`~.mixin.GPUSpawnerMixin` (which provides ``user``,
+    ``record``, ``catalog`` and ``billing``)."""
+
+    #: the backend's name in the settings (spawner.backend): what its environments must hold
+    backend_name = "local"
+
+    environments = Dict(
+        node_at(("environments",))["default"],
+        config=True,
+        help="""The environments servers run in, by key, as the ``environments:`` settings
+        declare them (spawner/core/environments.py); exactly one is the default.
+
+        c.GPULocalSpawner.environments = {
+            "gputap": {"name": "gputap minimal", "default": True},
+            "torch": {"name": "PyTorch", "python": "/opt/envs/torch", "image": "acme/torch:2",
+                      "needs": {"gpu": True, "min_gpu_memory_gb": 16}},
+        }
+        """,
+    )
+
+    image_pattern = Unicode(
+        "",
+        config=True,
+        help=r"""Free-text images users may ask for (user_options ``image``): a regular
+        expression the whole image must match; empty: none. Kubernetes only.
+
+        c.GPUKubeSpawner.image_pattern = r"ghcr\.io/acme/[a-z0-9._/-]+:[A-Za-z0-9._-]+"
+        """,
+    )
+
+    @property
+    def environment_catalog(self) -> Environments:
+        """The environments of the settings (checked at the hub's start, so valid here)."""
+        return environments_from_settings(self.environments, self.backend_name, self.image_pattern)
+
+    @property
+    def server_environment(self) -> Environment:
+        """The environment of the running (or starting) server; the default without one."""
+        key = self.record.environment if self.record is not None else ""
+        return self.environment_catalog.resolve(key)
+
+    async def environment_for(self, options: ServerOptions) -> tuple[Environment, ServerOptions]:
+        """The environment ``options`` ask for, if this user may have it, and the options
+        with their request as it meets the environment's needs (a spec asks for the memory
+        the environment needs); 400 saying what the user may choose otherwise. A course that
+        pays pins its environment when its instructor chose one. The user's courses are asked
+        of billing only where a course pays or an environment is limited to courses."""
+        if options.image and self.backend_name != "kubernetes":
+            raise web.HTTPError(
+                400,
+                "Invalid server options: free-text images are not allowed here (only the "
+                "Kubernetes backend runs images); choose an environment instead",
+            )
+        catalog = self.environment_catalog
+        groups = [group.name for group in self.user.groups]
+        taken: list[dict] = []
+        if options.course or any(e.courses for e in catalog.by_key.values()):
+            try:
+                taken = list((await self.billing.courses(self.user.name))["courses"])
+            except BillingUnavailable as e:
+                raise unavailable_error(e) from None
+            except BillingRefused:
+                taken = []  # no account yet: no courses
+        courses = [c["slug"] for c in taken]
+        key = options.environment
+        pinned = next((c.get("environment") for c in taken if c["slug"] == options.course), "")
+        if pinned and (options.image or key not in ("", pinned)):
+            raise web.HTTPError(
+                400,
+                f"Invalid server options: course {options.course} runs its servers in "
+                f"environment {pinned}; leave environment out, or start without the course",
+            )
+        try:
+            environment = catalog.choose(pinned or key, options.image, groups, courses)
+            request = fit_request(environment, options.request, self.catalog)
+        except RequestError as e:
+            raise web.HTTPError(400, f"Invalid server options: {e}") from None
+        return environment, dataclasses.replace(options, request=request)
+
+    def get_env(self) -> dict[str, str]:
+        env = super().get_env()
+        # which environment the server runs, for the Lab extension and the user's own code
+        env["GPUTAP_ENVIRONMENT"] = self.server_environment.key
+        return env
