@@ -149,18 +149,23 @@ def test_the_operators_app_is_a_launcher_entry_and_answers_at_its_url(platform, 
     assert "the operator's notes app" in page.text
 
 
-def test_a_users_own_app_on_a_port_answers_at_its_proxy_url(platform, alice):
+def serve_from_alices_terminal(platform, alice, folder: str, name: str, text: str) -> str:
+    """alice's own http.server on a free port of her server, started in her terminal and
+    serving the file ``folder/name`` holding ``text``; the file's proxy URL."""
     port = free_port()
     type_in_terminal(
         platform,
         "alice",
         alice["alice"],
-        f"mkdir -p shared && echo alice-made-this > shared/hello.txt && "
-        f"python3 -m http.server {port} --bind 127.0.0.1 --directory shared",
+        f"mkdir -p {folder} && echo {text} > {folder}/{name} && "
+        f"python3 -m http.server {port} --bind 127.0.0.1 --directory {folder}",
     )
-    user = as_user(alice["alice"])
-    url = f"{platform.url}/user/alice/proxy/{port}/hello.txt"
-    r = get_until(user, url, lambda r: r.status_code == 200, timeout=30)
+    return f"{platform.url}/user/alice/proxy/{port}/{name}"
+
+
+def test_a_users_own_app_on_a_port_answers_at_its_proxy_url(platform, alice):
+    url = serve_from_alices_terminal(platform, alice, "shared", "hello.txt", "alice-made-this")
+    r = get_until(as_user(alice["alice"]), url, lambda r: r.status_code == 200, timeout=30)
     assert r.status_code == 200 and r.text == "alice-made-this\n", (r.status_code, r.text[:300])
 
 
@@ -178,15 +183,7 @@ def test_another_user_opens_none_of_alices_apps(platform, alice, path):
 
 
 def test_another_user_cannot_reach_alices_own_port(platform, alice):
-    port = free_port()
-    type_in_terminal(
-        platform,
-        "alice",
-        alice["alice"],
-        f"mkdir -p private && echo alice-only > private/secret.txt && "
-        f"python3 -m http.server {port} --bind 127.0.0.1 --directory private",
-    )
-    url = f"{platform.url}/user/alice/proxy/{port}/secret.txt"
+    url = serve_from_alices_terminal(platform, alice, "private", "secret.txt", "alice-only")
     assert get_until(as_user(alice["alice"]), url, lambda r: r.ok, timeout=30).ok
     r = as_user(alice["bob"]).get(url, timeout=30, allow_redirects=False)
     assert r.status_code == 403, (r.status_code, r.text[:300])

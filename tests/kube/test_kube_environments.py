@@ -5,7 +5,7 @@ only where the operator's pattern allows it, and billing records what ran."""
 import pytest
 
 from tests.kube.conftest import gputap_cluster, kube_platform
-from tests.kube.test_kube_spawn import pod_of
+from tests.kube.test_kube_spawn import pod_of, started_pod
 
 TORCH_IMAGE = "quay.io/acme/torch:2.13-cuda12.8"
 ENVIRONMENTS = {
@@ -47,11 +47,8 @@ def server_container(pod: dict) -> dict:
 
 
 def test_the_pod_runs_the_environments_image(platform, cluster):
-    platform.create_user("ada")
-    r = platform.spawn("ada", {"kind": "card", "card": "A100-80GB", "environment": "torch"})
-    assert r.status_code in (201, 202), r.text
-    platform.wait_ready("ada")
-    pod = pod_of(cluster, "ada")
+    options = {"kind": "card", "card": "A100-80GB", "environment": "torch"}
+    pod = started_pod(platform, cluster, "ada", options)
     container = server_container(pod)
     assert container["image"] == TORCH_IMAGE
     # billing's pod meter reads it there, should it open the session itself

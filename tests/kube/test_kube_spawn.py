@@ -70,12 +70,18 @@ def test_two_a100s_land_on_the_a100_node_with_the_right_pod(platform, cluster):
     assert kube_api(cluster).read_namespaced_persistent_volume_claim("home-ada", "gputap")
 
 
-def test_a_slice_lands_on_the_mig_node(platform, cluster):
-    platform.create_user("bea")
-    r = platform.spawn("bea", {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"})
+def started_pod(platform, cluster, user: str, options: dict) -> dict:
+    """A new user's server started with ``options``, ready: its pod."""
+    platform.create_user(user)
+    r = platform.spawn(user, options)
     assert r.status_code in (201, 202), r.text
-    platform.wait_ready("bea")
-    pod = pod_of(cluster, "bea")
+    platform.wait_ready(user)
+    return pod_of(cluster, user)
+
+
+def test_a_slice_lands_on_the_mig_node(platform, cluster):
+    slice_ = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
+    pod = started_pod(platform, cluster, "bea", slice_)
     assert pod["spec"]["nodeName"] == "gpu-h100"
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/mig-1g.10gb"] == "1" and "nvidia.com/gpu" not in limits
