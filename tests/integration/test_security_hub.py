@@ -93,7 +93,8 @@ def test_billing_gets_only_the_settings_it_needs(platform):
     text = settings.read_text()
     assert platform.ops_token not in text
     data = yaml.safe_load(text)
-    assert set(data) <= {"data_dir", "billing", "spawner"}, set(data)
+    # environments: the keys a course may pin its servers to (docs/courses.md)
+    assert set(data) <= {"data_dir", "billing", "spawner", "environments"}, set(data)
     assert data["billing"]["port"] == platform.billing_port
     assert not [k for k in env if k.startswith("GPUTAP__")]
 
