@@ -142,6 +142,8 @@ async def main() -> None:
     book = await loop.run_in_executor(executor, store.sync_price_book, clock.utcnow())
     log.info("Price book version %s (%s) is in force", book.version, book.source)
     settings = load_billing_settings()
+    # on Kubernetes, refuse to start (KubeConfigMissing) before serving if the API is unusable
+    meter = await make_meter(config, settings.spawner, store, executor)
     secret = cookie_secret(settings.data_dir / "billing_cookie_secret")
     app = make_app(config, store, executor, prefix, secret)
     # bodies past MAX_STREAM_BYTES are not even read (the handlers refuse more than
@@ -150,10 +152,6 @@ async def main() -> None:
         url.port or 80, url.hostname or "127.0.0.1", xheaders=True, max_body_size=MAX_STREAM_BYTES
     )
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
-    # then, on Kubernetes, the pod meter, which exits billing (KubeConfigMissing) if the API is
-    # unusable: importing the Kubernetes client takes seconds (about 5 s on 2 idle cores), and
-    # JupyterHub 5 gives a managed billing about 10 s to answer before the hub gives up
-    meter = await make_meter(config, settings.spawner, store, executor)
 
     async def load_accounts(now: datetime):
         return await loop.run_in_executor(executor, store.accounts_with_running_sessions, now)
