@@ -94,8 +94,13 @@ def make_app(
     executor: ThreadPoolExecutor,
     prefix: str,
     secret: bytes | None = None,
+    meter_listed: asyncio.Event | None = None,
 ) -> web.Application:
-    """The tornado application serving everything under ``prefix``."""
+    """The tornado application serving everything under ``prefix``. ``meter_listed`` is set
+    once the pod meter has listed the cluster (None: there is no pod meter)."""
+    if meter_listed is None:
+        meter_listed = asyncio.Event()
+        meter_listed.set()
     # the singleton, so the OAuth callback handler shares it with the API handlers
     hub_auth = HubOAuth.instance(
         api_token=os.environ["JUPYTERHUB_API_TOKEN"],
@@ -111,6 +116,7 @@ def make_app(
         login_url=hub_auth.login_url,
         log_function=log_request,
         xsrf_cookie_kwargs=dict(COOKIE_OPTIONS),
+        meter_listed=meter_listed,  # what the hub's stops wait for (handlers/sessions.py)
     )
 
 
@@ -142,21 +148,28 @@ async def main() -> None:
     book = await loop.run_in_executor(executor, store.sync_price_book, clock.utcnow())
     log.info("Price book version %s (%s) is in force", book.version, book.source)
     settings = load_billing_settings()
-    # on Kubernetes, refuse to start (KubeConfigMissing) before serving if the API is unusable
-    meter = await make_meter(config, settings.spawner, store, executor)
     secret = cookie_secret(settings.data_dir / "billing_cookie_secret")
-    app = make_app(config, store, executor, prefix, secret)
+    meter_listed = asyncio.Event()
+    app = make_app(config, store, executor, prefix, secret, meter_listed)
     # bodies past MAX_STREAM_BYTES are not even read (the handlers refuse more than
     # MAX_BODY_BYTES with a 413 that says so)
     app.listen(
         url.port or 80, url.hostname or "127.0.0.1", xheaders=True, max_body_size=MAX_STREAM_BYTES
     )
     log.info("Billing listening on %s%s", url.geturl().rstrip("/"), prefix)
+    # then, on Kubernetes, the pod meter (KubeConfigMissing ends billing if the API is
+    # unusable): importing the Kubernetes client takes seconds, and JupyterHub 5 gives a
+    # managed billing about 10 s to answer. Until the meter has listed the pods, the stops
+    # the hub reports wait (docs/billing.md, "The pod meter has the first word")
+    meter = await make_meter(config, settings.spawner, store, executor, meter_listed)
+    if meter is None:
+        meter_listed.set()
 
     async def load_accounts(now: datetime):
         return await loop.run_in_executor(executor, store.accounts_with_running_sessions, now)
 
     async def close_session(session_id: str, ended_at: datetime):
+        await meter_listed.wait()  # a vanished pod's end is the meter's to date
         return await loop.run_in_executor(
             executor, store.stop_session, session_id, ended_at, clock.utcnow()
         )
@@ -203,9 +216,11 @@ async def make_meter(
     spawner: dict,
     store: Store,
     executor: ThreadPoolExecutor,
+    listed: asyncio.Event | None = None,
 ) -> KubeMeter | None:
     """The pod meter when servers run on Kubernetes (``spawner.backend: kubernetes``), where
     every session is a pod; None on the local backend, whose sessions only the spawner reports.
+    ``listed`` is set when the meter has first listed the pods.
 
     ``KubeConfigMissing`` when the Kubernetes API cannot be configured.
     """
@@ -227,4 +242,5 @@ async def make_meter(
         namespace,
         seen_interval_seconds=config.meter_seen_interval_seconds,
         start_grace_seconds=config.meter_start_grace_seconds,
+        listed=listed or asyncio.Event(),
     )

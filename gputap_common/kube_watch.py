@@ -37,11 +37,25 @@ class SilentWatch(TimeoutError):
 async def list_objects(method: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
     """One list call (``api.list_node``, ``api.list_namespaced_pod`` with its namespace...) as
     the JSON the API answered: ``{"items": [...], "metadata": {"resourceVersion": ...}}``.
+    ``ApiException`` with the API's status and message when it refused the list (the raw
+    answer the client hands over is then a Status, which must never pass for an empty list);
     ``TimeoutError`` when no answer came within LIST_TIMEOUT_SECONDS."""
     response = await method(
         *args, _preload_content=False, _request_timeout=LIST_TIMEOUT_SECONDS, **kwargs
     )
-    return json.loads(await response.read())
+    body = await response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException(status=response.status, reason=_refusal(body, response.reason))
+    return json.loads(body)
+
+
+def _refusal(body: bytes, reason: str | None) -> str:
+    """What a Status answer says was wrong (its message), else the HTTP reason."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or reason or "no reason given")[:300]
 
 
 async def watch_objects(

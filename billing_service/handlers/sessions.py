@@ -3,6 +3,7 @@ start and stop, listing sessions, releasing and listing holds."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tornado import web
@@ -15,6 +16,10 @@ from .fields import SPAWN_FIELDS, optional_text, spawn_fields, text_field, time_
 from .views import hold_view, session_view
 
 log = logging.getLogger("billing")
+
+#: how long a stop the hub reports waits for the pod meter's first list of the cluster before
+#: billing answers 503 (the spawner retries it; its calls give up after 10 s)
+METER_WAIT_SECONDS = 5
 
 
 class AdmissionHandler(APIHandler):
@@ -117,6 +122,7 @@ class SessionStopHandler(APIHandler):
     async def post(self, session_id: str) -> None:
         self.require_hub()
         ended_at = time_field(self.body(("ended_at",)), "ended_at")
+        await self.meter_first()
         now = self.now()
         session = await self.blocking(self.store.stop_session, session_id, ended_at, now)
         if session.ended_at == ended_at:
@@ -130,6 +136,23 @@ class SessionStopHandler(APIHandler):
             format_credits(session.cost_micro or 0),
         )
         self.write_json(session_view(session, now))
+
+    async def meter_first(self) -> None:
+        """On Kubernetes the pod meter has the first word: a pod that vanished while billing
+        was down ended at its Killing event, which only the meter looks up, and the first
+        stop written wins. A hub that reports the stop before the meter has listed the pods
+        waits, then is asked to try again (the spawner does, with the same end time)."""
+        listed: asyncio.Event = self.settings["meter_listed"]
+        try:
+            await asyncio.wait_for(listed.wait(), METER_WAIT_SECONDS)
+        except TimeoutError:
+            self.set_header("Retry-After", str(METER_WAIT_SECONDS))
+            raise web.HTTPError(
+                503,
+                "billing has just started and its pod meter has not yet listed the servers' "
+                "pods, which dates the end of pods that vanished meanwhile; try the stop again "
+                "in a few seconds",
+            ) from None
 
 
 class HoldHandler(APIHandler):

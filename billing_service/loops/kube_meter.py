@@ -125,6 +125,8 @@ class KubeMeter:
     start_grace_seconds: float = 30.0
     #: how long one watch request lasts before the meter relists
     watch_seconds: int = WATCH_SECONDS
+    #: set once the meter has listed the pods and closed the sessions of vanished ones
+    listed: asyncio.Event = field(default_factory=asyncio.Event)
     #: the gputap pods of the last list, kept current by the watch (by uid)
     pods: dict[str, PodFacts] = field(default_factory=dict, init=False)
     #: session id -> start, of sessions this meter started or found open
@@ -305,6 +307,7 @@ class KubeMeter:
         self._waiting = {sid: f for sid, f in self._waiting.items() if sid in present}
         closed = await self.close_vanished({pod["metadata"]["uid"] for pod in items})
         self.synced, self._current_at = True, seen_at
+        self.listed.set()
         running = [f for f in self.pods.values() if f.running]
         # one line per state change: a relist every few seconds that changed nothing is not one
         log.log(

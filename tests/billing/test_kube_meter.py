@@ -392,6 +392,23 @@ async def test_a_pod_deleted_while_billing_is_down_is_closed_at_its_last_known_e
         assert seen is None and closed.billed_seconds == 0 and closed.cost_micro == 0
 
 
+@pytest.mark.parametrize("code", [500, 403, 429])
+async def test_a_pod_list_the_api_refuses_is_not_an_empty_namespace(cluster, store, meters, code):
+    """The client hands an error answer over as is when asked for the raw JSON (as the meter
+    lists): a refused list is an error to retry, never a namespace without pods whose
+    sessions all vanished."""
+    await meters.start(watch_seconds=1)  # each watch ends in a relist after a second
+    cluster.api.create(POD, NS, gputap_pod("jupyter-ada", "ada", session_id="s-ada"))
+    await until(lambda: session(store, "s-ada"))
+    rule = cluster.faults.fail_requests(1.0, code=code, verbs=["GET"], path=r"/pods$",
+                                        watches=False)  # fmt: skip
+    await until(lambda: cluster.faults.injected >= 2)  # two relists refused
+    cluster.faults.rules.remove(rule)
+    await asyncio.sleep(1.5)
+    assert session(store, "s-ada").ended_at is None
+    assert [p["metadata"]["name"] for p in cluster.pods(NS)] == ["jupyter-ada"]
+
+
 async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, store, meters):
     cluster.faults.duplicate_watch_events()
     await meters.start()  # listed: what follows arrives through the (doubled) watch

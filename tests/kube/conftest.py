@@ -155,6 +155,11 @@ def create_priority_classes(cluster) -> None:
         scheduling.create_priority_class(body)
 
 
+def user_of(account: str) -> str:
+    """The RBAC user name of gputap's ServiceAccount ``account``."""
+    return f"system:serviceaccount:{NAMESPACE}:{account}"
+
+
 def kube_api(cluster) -> kubernetes.client.CoreV1Api:
     config = kubernetes.client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))

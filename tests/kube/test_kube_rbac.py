@@ -15,15 +15,12 @@ from tests.kube.conftest import (
     kube_api,
     refused,
     rendered_rules,
+    user_of,
 )
 from tests.kube.test_kube_spawn import pod_of
 
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
 CARD = {"kind": "card", "card": "L40S", "count": 1}
-
-
-def user_of(account: str) -> str:
-    return f"system:serviceaccount:{NAMESPACE}:{account}"
 
 
 def unused_rules(cluster, chart_rbac, account: str) -> dict[str, set[tuple[str, str, str]]]:

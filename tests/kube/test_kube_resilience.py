@@ -1,7 +1,10 @@
 """Hub restarts and a flaky API server: servers survive, spawns end cleanly, nothing leaks."""
 
 import time
+from datetime import datetime
 
+from tests.billing.kube_pods import killing_times
+from tests.kube.conftest import BILLING_ACCOUNT, kube_api, user_of
 from tests.kube.test_kube_spawn import pod_of, reach
 
 
@@ -70,3 +73,51 @@ def test_api_faults_end_cleanly_and_leave_no_pod_behind(platform, cluster):
     for name in names:
         for session in platform.sessions(name):
             assert session["state"] == "ended"
+
+
+def test_a_pod_gone_while_billing_was_down_ends_at_its_killing_event_whoever_reports_first(
+    platform, cluster
+):
+    """The restarted hub reports the stop of a pod that vanished while hub and billing were
+    down, and may reach billing before billing's pod meter has listed the cluster: the
+    meter, which dates the pod's end by its Killing event, still has the first word (the
+    hub's stop waits for it), so the session ends when the pod did, not when the hub looked."""
+    platform.create_user("gil")
+    r = platform.spawn("gil", {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("gil")
+    pod = pod_of(cluster, "gil")
+    platform.stop_hub()  # billing, a managed service, with it
+    # billing's meter cannot look up Killing events until the fault is cleared
+    cluster.faults.fail_requests(
+        1.0, code=500, verbs=["GET"], path=r"/events$", users=[user_of(BILLING_ACCOUNT)]
+    )
+    try:
+        kube_api(cluster).delete_namespaced_pod(
+            pod["metadata"]["name"], "gputap", _preload_content=False
+        )
+        deadline = time.monotonic() + 30
+        while live_pods(cluster, "gil"):
+            assert time.monotonic() < deadline, "gil's pod still there"
+            time.sleep(0.2)
+        killed = killing_times(cluster.events("gputap"))[pod["metadata"]["uid"]]
+        time.sleep(2)  # the hub's stop, if it were the first word, would be dated later
+        platform.start()
+        # the restarted hub finds gil's server gone and reports its stop to billing, which
+        # asks it to wait for the meter (without that wait, the hub's stop time would stand)
+        [sid] = [s["id"] for s in platform.sessions("gil")]
+        asked_to_wait = f"503 POST /services/billing/api/sessions/{sid}/stop"  # billing's log
+        deadline = time.monotonic() + 60
+        while asked_to_wait not in platform.log_path.read_text(errors="replace"):
+            if platform.sessions("gil")[0]["state"] == "ended":
+                break  # closed by the hub's word: the assertion below tells
+            assert time.monotonic() < deadline, platform.log_tail()
+            time.sleep(0.5)
+    finally:
+        cluster.faults.clear()
+    deadline = time.monotonic() + 60
+    while (session := platform.sessions("gil")[0])["state"] != "ended":
+        assert time.monotonic() < deadline, session
+        time.sleep(0.5)
+    ended = datetime.fromisoformat(session["ended_at"])
+    assert abs((ended - killed).total_seconds()) <= 1, (session, killed)

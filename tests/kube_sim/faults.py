@@ -30,9 +30,12 @@ class ErrorRule:
     verbs: frozenset[str] | None = None  # HTTP methods, upper case; None = all
     path: re.Pattern[str] | None = None  # searched in the request path; None = all
     watches: bool = True  # whether watch requests count
+    users: frozenset[str] | None = None  # who made it (RBAC's user name); None = anyone
 
-    def applies(self, verb: str, path: str, is_watch: bool) -> bool:
+    def applies(self, verb: str, path: str, is_watch: bool, user: str = "") -> bool:
         if is_watch and not self.watches:
+            return False
+        if self.users is not None and user not in self.users:
             return False
         if self.verbs is not None and verb.upper() not in self.verbs:
             return False
@@ -73,8 +76,11 @@ class Faults:
         verbs: list[str] | None = None,
         path: str | None = None,
         watches: bool = True,
+        users: list[str] | None = None,
     ) -> ErrorRule:
-        """Answer a fraction of matching requests with a 5xx Status; returns the rule."""
+        """Answer a fraction of matching requests with a 5xx Status; returns the rule.
+        ``users`` (RBAC user names, such as ``system:serviceaccount:gputap:hub``) limits it
+        to their requests."""
         if not 0 <= rate <= 1:
             raise ValueError(f"rate must be within [0, 1], got {rate}")
         rule = ErrorRule(
@@ -83,6 +89,7 @@ class Faults:
             verbs=frozenset(v.upper() for v in verbs) if verbs else None,
             path=re.compile(path) if path else None,
             watches=watches,
+            users=frozenset(users) if users is not None else None,
         )
         with self._lock:
             self.rules.append(rule)
@@ -147,11 +154,11 @@ class Faults:
         self.silence_after_seconds = None
         self.silence_requests = False
 
-    def decide(self, verb: str, path: str, is_watch: bool = False) -> int | None:
-        """The status code to fail this request with, or None to serve it."""
+    def decide(self, verb: str, path: str, is_watch: bool = False, user: str = "") -> int | None:
+        """The status code to fail this request of ``user`` with, or None to serve it."""
         with self._lock:
             for rule in self.rules:
-                if rule.applies(verb, path, is_watch) and self._rng.random() < rule.rate:
+                if rule.applies(verb, path, is_watch, user) and self._rng.random() < rule.rate:
                     self.injected += 1
                     return rule.code
         return None

@@ -418,6 +418,11 @@ class Rbac:
             return self.api.find(CLUSTER_ROLE, "", name)
         return None
 
+    def user_of(self, authorization: str | None) -> str:
+        """The user name the request's credentials authenticate ("" for none)."""
+        identity = self.tokens.identify(authorization, self._account_uid)
+        return identity.user if identity else ""
+
     def check(
         self, method: str, path: str, query: dict[str, str], authorization: str | None
     ) -> tuple[int, Obj] | None:

@@ -85,7 +85,8 @@ class BaseHandler(tornado.web.RequestHandler):
         if self.faults.silence_requests and not is_watch:
             await self.stay_silent(asyncio.Queue())
             raise tornado.web.Finish()
-        code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch)
+        user = self.rbac.user_of(self.request.headers.get("Authorization"))
+        code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch, user)
         if code is not None:
             log.info("injected %d for %s %s", code, self.request.method, self.request.path)
             self.send_json(self.faults.status_body(code), code)
