@@ -17,7 +17,7 @@ from typing import Any
 
 from gputap_common.settings import SettingsError
 
-from .catalog import Catalog
+from .catalog import CPU_KEY, Catalog, Offering
 from .placement import (
     CpuRequest,
     Request,
@@ -45,6 +45,8 @@ class Environment:
     name: str
     description: str = ""
     tags: tuple[str, ...] = ()
+    #: the group the spawn form lists it under ("": Other)
+    framework: str = ""
     #: Kubernetes: the servers' image ("": the spawner's configured image)
     image: str = ""
     #: one machine: the Python environment holding its jupyterhub-singleuser ("": the hub's)
@@ -84,6 +86,7 @@ def environment_of(key: str, entry: Mapping[str, Any]) -> Environment:
         name=str(entry["name"]),
         description=str(entry.get("description") or ""),
         tags=tuple(entry.get("tags") or ()),
+        framework=str(entry.get("framework") or ""),
         image=str(entry.get("image") or ""),
         python=str(entry.get("python") or ""),
         needs_gpu=bool(needs.get("gpu", False)),
@@ -162,33 +165,39 @@ def shown(value: str) -> str:
     return f"{value[: SHOWN_LENGTH - 10]!r}… ({len(value)} characters)"
 
 
+def unfit_reason(environment: Environment, offering: Offering) -> str:
+    """Why a server of ``environment`` cannot run on ``offering`` ("" when it can): the one
+    rule the spawner applies to a request and the spawn form shows before it is posted."""
+    need = environment.min_gpu_memory_gb
+    if offering.kind == "cpu":
+        return "needs a GPU" if environment.needs_gpu or need > 0 else ""
+    if need <= 0:
+        return ""
+    if offering.kind == "shared":
+        return f"needs ≥ {need:g} GB of GPU memory; a shared GPU guarantees none"
+    if offering.memory_gb < need:
+        return f"needs ≥ {need:g} GB of GPU memory; {offering.label} has {offering.memory_gb:g} GB"
+    return ""
+
+
 def fit_request(environment: Environment, request: Request, catalog: Catalog) -> Request:
     """``request`` if the GPU it asks for meets what ``environment`` needs (a spec asks for at
     least the memory the environment needs); RequestError (400) saying why not."""
-    need = environment.min_gpu_memory_gb
-    name = f"environment {environment.key}"
-    if isinstance(request, CpuRequest):
-        if environment.needs_gpu or need > 0:
-            raise RequestError(f"{name} needs a GPU; choose a card, a slice or a spec, not CPU")
-        return request
     if isinstance(request, SpecRequest):
+        need = environment.min_gpu_memory_gb
         if request.min_memory_gb >= need:
             return request
         return SpecRequest(need, request.min_tflops, request.count)
-    if need <= 0:
-        return request
-    if isinstance(request, SharedRequest):
-        raise RequestError(
-            f"{name} needs ≥ {need:g} GB of GPU memory, and a shared GPU guarantees none; "
-            "choose a card, a slice or a spec"
-        )
-    key = request.key if isinstance(request, SliceRequest) else request.card
-    offering = catalog.offering(key)
-    if offering.memory_gb < need:
-        raise RequestError(
-            f"{name} needs ≥ {need:g} GB of GPU memory; {offering.label} has "
-            f"{offering.memory_gb:g} GB. Choose a larger card or slice"
-        )
+    if isinstance(request, CpuRequest):
+        offering, instead = catalog.offering(CPU_KEY), "choose a card, a slice or a spec, not CPU"
+    elif isinstance(request, SharedRequest):
+        offering, instead = catalog.offering(request.key), "choose a card, a slice or a spec"
+    else:
+        key = request.key if isinstance(request, SliceRequest) else request.card
+        offering, instead = catalog.offering(key), "choose a larger card or slice"
+    reason = unfit_reason(environment, offering)
+    if reason:
+        raise RequestError(f"environment {environment.key} {reason}; {instead}")
     return request
 
 

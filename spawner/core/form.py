@@ -17,6 +17,9 @@ from gputap_common.money import format_credits
 
 from .asking import Credit, Refused, format_duration, picked_value
 from .catalog import Offering
+from .environment_form import OWN_IMAGE, Picker, offering_data, render_picker
+from .environment_form import SCRIPT as PICKER_SCRIPT
+from .environment_form import STYLE as PICKER_STYLE
 from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
 
 
@@ -126,7 +129,7 @@ def _row(
     out = " gputap-out" if disabled or sold_out else ""
     ident = _choice_id(value)
     return (
-        f'<div class="gputap-choice{out}" data-key="{escape(o.key)}">'
+        f'<div class="gputap-choice{out}" data-key="{escape(o.key)}"{offering_data(o)}>'
         f'<input type="radio" name="choice" id="{ident}" value="{escape(value)}"'
         f"{disabled}{checked}>"
         f' <label for="{ident}"><b>{label}</b></label>{count}'
@@ -147,6 +150,7 @@ class CourseOffer:
     hours_left: Mapping[str, float]  # per allowed option, one GPU
     resets: str
     fallback: bool = False  # the student pays on with own credit when the hours are used up
+    environment: str = ""  # the environment its servers run in, if its instructor pinned one
 
 
 def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
@@ -158,6 +162,7 @@ def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
             hours_left=dict(c["hours_left"]),
             resets=f"{c['reset_weekday'].capitalize()} {c['reset_time']} {c['timezone']}",
             fallback=bool(c.get("fallback")),
+            environment=str(c.get("environment") or ""),
         )
         for c in answer.get("courses") or []
     ]
@@ -195,16 +200,19 @@ def format_hours(hours: float) -> str:
     return f"{int(hours * 10) / 10:g} h"
 
 
+def _course_choices(course: CourseOffer, choices: Sequence[Choice]) -> list[Choice]:
+    """The options ``course`` pays for that this hub offers, in the form's order."""
+    return [c for c in choices if c.offering.key in course.hours_left and c.offering.kind != "cpu"]
+
+
 def _course_rows(
     course: CourseOffer, choices: Sequence[Choice], first: bool, picked: Mapping | None = None
 ) -> list[str]:
     """Radios for the options ``course`` pays for that this hub offers (free or not), each
     with how long the course's hours last on it (course hours pay; the credit does not)."""
     rows = []
-    for choice in choices:
+    for choice in _course_choices(course, choices):
         o = choice.offering
-        if o.key not in course.hours_left or o.kind == "cpu":
-            continue
         left = course.hours_left[o.key]
         usable = left > 0
         sold_out = choice.free == 0
@@ -221,7 +229,8 @@ def _course_rows(
         first = first and not checked
         rows.append(
             f'<label class="gputap-choice gputap-course{"" if usable else " gputap-out"}" '
-            f'data-key="{escape(o.key)}" data-course="{escape(course.slug)}">'
+            f'data-key="{escape(o.key)}" data-course="{escape(course.slug)}"'
+            f'{offering_data(o)} data-environment="{escape(course.environment)}">'
             f'<input type="radio" name="choice" value="{escape(value)}"'
             f"{'' if usable else ' disabled'}{checked}>"
             f' <b>{escape(o.label)}</b> <span class="gputap-what">{_what(o)}</span>'
@@ -352,6 +361,7 @@ def render_form(
     notice: str = "",
     courses: Sequence[CourseOffer] = (),
     refused: Refused | None = None,
+    picker: Picker | None = None,
 ) -> str:
     """HTML for JupyterHub's spawn page (inside its <form>).
 
@@ -361,11 +371,12 @@ def render_form(
     ``notice`` is shown first (e.g. why the user's last server was stopped); ``courses``
     come first, each with the options it pays for and the hours left this week;
     ``refused``: the last start was refused: say why, select what was asked again, and
-    offer the alternatives as buttons that select them.
+    offer the alternatives as buttons that select them; ``picker``: the environments the user
+    may choose (environment_form.py), shown before the GPU options.
     """
     currency = credit.currency
     picked = dict(refused.options) if refused else None
-    parts = [_STYLE, '<div class="gputap-form">']
+    parts = [_STYLE, PICKER_STYLE if picker else "", '<div class="gputap-form">']
     if refused:
         # the sentence is shown here with its alternatives, so JupyterHub's own copy of it
         # ("Error: ...") above the form is hidden
@@ -390,12 +401,20 @@ def render_form(
     )
     if courses:
         parts.append(_course_summary(courses))
+    picker_at = len(parts)  # filled in once the checked option is known
+    checked: Offering | None = None
     first_free = picked is None
     for course in courses:
         rows = _course_rows(course, choices, first_free, picked)
         if not rows:
             continue
         first_free = first_free and not any(" checked" in row for row in rows)
+        if checked is None and not first_free:
+            checked = next(
+                (c.offering for c, r in zip(_course_choices(course, choices), rows, strict=True)
+                 if " checked" in r),
+                None,
+            )  # fmt: skip
         parts.append(
             f'<fieldset class="gputap-course-group" data-course="{escape(course.slug)}">'
             f"<legend>Paid by {escape(course.name)} (hours reset {escape(course.resets)})"
@@ -409,7 +428,10 @@ def render_form(
         for choice in rows:
             free = choice.offering.kind == "cpu" or choice.free > 0
             selectable = free and bool(choice.price_per_hour_micro)
-            parts.append(_row(choice, credit, simulated and kind != "cpu", first_free, picked))
+            row = _row(choice, credit, simulated and kind != "cpu", first_free, picked)
+            parts.append(row)
+            if checked is None and " checked>" in row:
+                checked = choice.offering
             first_free = first_free and not selectable
         parts.append("</fieldset>")
     spec = {k.removeprefix("spec_"): v for k, v in (refused.typed if refused else {}).items()}
@@ -444,6 +466,9 @@ def render_form(
     parts.append(f"<fieldset><legend>How to run</legend>{''.join(run)}</fieldset>")
     parts.append("</div>")
     parts.append(_SCRIPT)
+    if picker:
+        parts.insert(picker_at, render_picker(picker, checked))
+        parts.append(PICKER_SCRIPT)
     return "\n".join(parts)
 
 
@@ -455,6 +480,11 @@ def _first(form: Mapping[str, Sequence[str]], name: str, default: str = "") -> s
 def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
     """Posted form fields → ``user_options`` (validated later, like the REST API's)."""
     options = _choice_options(form_data)
+    environment = _first(form_data, "environment")
+    if environment == OWN_IMAGE:
+        options["image"] = _first(form_data, "image").strip()
+    elif environment:
+        options["environment"] = environment
     for flag in ("queue", "spot"):
         if _first(form_data, flag):
             options[flag] = True

@@ -5,6 +5,8 @@ GPU asked for, and the environment of the running server."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from tornado import web
 from traitlets import Dict, Unicode
@@ -12,6 +14,7 @@ from traitlets.config import LoggingConfigurable
 
 from gputap_common.settings import node_at
 
+from ..core.environment_form import OWN_IMAGE, Picker
 from ..core.environments import Environment, Environments, environments_from_settings, fit_request
 from ..core.placement import RequestError, ServerOptions
 from .billing_client import BillingRefused, BillingUnavailable, unavailable_error
@@ -52,6 +55,25 @@ class EnvironmentChoice(LoggingConfigurable):
     def environment_catalog(self) -> Environments:
         """The environments of the settings (checked at the hub's start, so valid here)."""
         return environments_from_settings(self.environments, self.backend_name, self.image_pattern)
+
+    def environment_picker(
+        self, courses: Collection[str], picked: Mapping[str, Any] | None = None
+    ) -> Picker | None:
+        """The spawn form's environment picker: the environments this user may choose (by
+        the hub's groups and ``courses``, the slugs of theirs), the one asked for last time
+        (``picked``: a refused start's options) or the default checked; None when there is
+        nothing to choose (the default alone, no free-text image)."""
+        catalog = self.environment_catalog
+        groups = [group.name for group in self.user.groups]
+        allowed = catalog.allowed(groups, courses)
+        if len(allowed) <= 1 and not catalog.image_pattern:
+            return None
+        picked = picked or {}
+        image = str(picked.get("image") or "")
+        selected = OWN_IMAGE if image else str(picked.get("environment") or "")
+        if selected != OWN_IMAGE and selected not in {e.key for e in allowed}:
+            selected = catalog.default.key
+        return Picker(allowed, selected, catalog.image_pattern, image)
 
     @property
     def server_environment(self) -> Environment:

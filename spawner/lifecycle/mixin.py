@@ -560,6 +560,9 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
             notice=self.notice,
             courses=courses,
             refused=refused and with_alternatives(refused, choices, credit),
+            picker=self.environment_picker(
+                [c.slug for c in courses], dict(refused.options) if refused else None
+            ),
         )
 
     async def preview(self, options: dict[str, Any]) -> dict[str, Any]:

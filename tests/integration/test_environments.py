@@ -182,3 +182,23 @@ def test_a_course_pins_the_environment_of_the_servers_it_pays_for(hub):
     [session] = hub.sessions("stu")
     assert (session["course"], session["environment"]) == (slug, "torch")
     hub.stop_server("stu")
+
+
+def test_the_spawn_form_offers_the_users_environments_and_starts_the_one_picked(hub):
+    s = hub.login("flo")
+    page = s.get(f"{hub.url}/hub/spawn", timeout=30).content.decode()
+    picker = page[page.index('id="gputap-environments"') : page.index("</fieldset>", page.index(
+        'id="gputap-environments"'))]  # fmt: skip
+    assert 'value="gputap" checked' in picker and 'value="torch"' in picker
+    assert "staff-only" not in picker  # flo is not staff
+    assert '<span class="gputap-tag">pytorch</span>' in picker
+    assert "needs ≥ 20 GB of GPU memory" in picker
+    r = s.post(
+        f"{hub.url}/hub/spawn",
+        data={"choice": "card:RTX-4090", "environment": "torch", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=60,
+    )
+    assert r.status_code < 400, r.text[-2000:]
+    hub.wait_ready("flo")
+    assert hub.server_env("flo")["GPUTAP_ENVIRONMENT"] == "torch"
+    hub.stop_server("flo")
