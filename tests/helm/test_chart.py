@@ -377,3 +377,45 @@ def test_shared_data_in_the_charts_values_is_mounted_read_only_in_every_server(c
         bad = {"spawner": {"backend": "kubernetes"}, "shared_data": [
             {"name": "hf", "mount_path": "/usr/models", "claim": "hf-models"}]}  # fmt: skip
         configure(z2jh_config(values), bad, environ=hub_environ(manifests))
+
+
+def puller(manifests: list[dict]) -> dict | None:
+    found = [m for m in manifests if m["metadata"]["name"].endswith("-environment-puller")]
+    return found[0] if found else None
+
+
+def test_the_environments_images_are_pre_pulled_on_every_node_servers_may_run_on(chart_dir):
+    """The example's three environment images, each once, pulled by init containers of a
+    DaemonSet that tolerates what servers tolerate; none without such environments, none when
+    z2jh's continuous puller is off."""
+    example = values_of(CHART / "examples" / "github-postgres.yaml")
+    gputap = example["jupyterhub"]["custom"]["gputap"]
+    gputap["environments"]["pytorch-copy"] = {"name": "Same", "image": "gputap/env-pytorch:0.1.0"}
+    gputap["environments"]["plain"] = {"name": "The servers' own image",
+                                       "image": "gputap/singleuser:0.1.0"}  # fmt: skip
+    extra = {"key": "gputap.io/dedicated", "operator": "Equal", "value": "users",
+             "effect": "NoSchedule"}  # fmt: skip
+    example["jupyterhub"]["singleuser"] = {"extraTolerations": [extra]}
+    daemonset = puller(render(chart_dir, example))
+    spec = daemonset["spec"]["template"]["spec"]
+    assert [c["image"] for c in spec["initContainers"]] == [
+        "gputap/env-pytorch:0.1.0",
+        "gputap/env-tensorflow:0.1.0",
+        "gputap/env-vllm:0.1.0",
+    ]
+    assert all(c["command"] == ["/bin/sh", "-c", 'echo "Pulling complete"']
+               for c in spec["initContainers"])  # fmt: skip
+    [pause] = spec["containers"]
+    assert pause["image"].startswith("registry.k8s.io/pause:")
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert {"key": "hub.jupyter.org/dedicated", "operator": "Equal", "value": "user",
+            "effect": "NoSchedule"} in spec["tolerations"]  # fmt: skip
+    assert extra in spec["tolerations"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["initContainers"][0]["securityContext"]["runAsNonRoot"] is True
+    validate_all([daemonset])
+    assert puller(render(chart_dir, values_of(None))) is None
+    example["jupyterhub"]["prePuller"] = {"continuous": {"enabled": False}}
+    assert puller(render(chart_dir, example)) is None

@@ -305,3 +305,84 @@ def test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges():
     # the servers' config (apps, no update checks) and the apps' icons go with it
     copies = [a for i, a in dockerfile("singleuser").final.instructions if i == "COPY"]
     assert any(a.startswith("hub_config/singleuser/ ") for a in copies), copies
+
+
+# --- the environment images (images/env-*) and the catalog that offers them ---
+
+#: a framework tag's name -> the package whose version it states
+FRAMEWORK_PACKAGES = {"pytorch": "torch", "tensorflow": "tensorflow", "vllm": "vllm"}
+ENVIRONMENT_IMAGES = sorted(p.parent.name for p in IMAGES.glob("env-*/Dockerfile"))
+
+
+def declared_environments() -> dict[str, dict]:
+    """Every environment the chart's values and examples declare, by file and key."""
+    found = {}
+    for path in [CHART / "values.yaml", *sorted((CHART / "examples").glob("*.yaml"))]:
+        gputap = (yaml.safe_load(path.read_text()) or {}).get("jupyterhub", {})
+        for key, entry in (
+            ((gputap.get("custom") or {}).get("gputap") or {}).get("environments", {}).items()
+        ):
+            found[f"{path.name}:{key}"] = entry
+    return found
+
+
+def pinned_versions(name: str) -> dict[str, str]:
+    """package -> the version (or X.Y.* prefix) images/NAME/Dockerfile pins it to with ==."""
+    pins = {}
+    for instr, args in dockerfile(name).final.instructions:
+        if instr != "RUN":
+            continue
+        for word in shlex.split(args):
+            if re.match(r"[A-Za-z]", word) and "==" in word:
+                req = Requirement(word)
+                (spec,) = req.specifier
+                pins[canonicalize_name(req.name)] = spec.version
+    return pins
+
+
+def test_there_are_pytorch_tensorflow_and_vllm_environment_images():
+    assert ENVIRONMENT_IMAGES == ["env-pytorch", "env-tensorflow", "env-vllm"]
+
+
+@pytest.mark.parametrize("name", ENVIRONMENT_IMAGES)
+def test_each_environment_image_is_pinned_on_the_singleuser_image_and_built_as_readme_says(name):
+    image = dockerfile(name)
+    assert image.problems() == []
+    (stage,) = image.stages
+    app_version = str(chart_meta()["appVersion"])
+    # the single-user image holds jupyterhub-singleuser, gputap-lab and jupyter-server-proxy
+    # (test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges)
+    assert stage.image == f"gputap/singleuser:{app_version}"
+    assert image.final.user.split(":")[0] == "1000"
+    readme = (IMAGES / "README.md").read_text()
+    built = f"docker build -f images/{name}/Dockerfile -t gputap/{name}:{app_version} ."
+    assert built in readme and built in INSTALL_DOC.read_text()
+    # every package it adds is pinned (== a version, or a X.Y.* series)
+    for instr, args in image.final.instructions:
+        if instr == "RUN" and "pip install" in args:
+            for word in shlex.split(args):
+                if re.match(r"[A-Za-z]", word):
+                    assert "==" in word or word in ("install",) or word.startswith("/"), word
+
+
+def test_the_catalog_and_the_environment_images_agree():
+    declared = declared_environments()
+    used = set()
+    app_version = str(chart_meta()["appVersion"])
+    for where, entry in declared.items():
+        image = entry.get("image", "")
+        if not image.startswith("gputap/env-"):
+            continue
+        name, tag = image.removeprefix("gputap/").split(":")
+        assert name in ENVIRONMENT_IMAGES, f"{where}: no images/{name}/Dockerfile"
+        assert tag == app_version, f"{where}: {image} is not the chart's version {app_version}"
+        used.add(name)
+        pins = pinned_versions(name)
+        framework_tags = [t for t in entry.get("tags", []) if t.split("-")[0] in FRAMEWORK_PACKAGES]
+        assert framework_tags, f"{where}: no framework tag (pytorch-X.Y, tensorflow-X.Y, vllm-X.Y)"
+        for tag_text in framework_tags:
+            framework, version = tag_text.split("-", 1)
+            package = FRAMEWORK_PACKAGES[framework]
+            assert package in pins, f"{where}: tag {tag_text}, but {name} does not pin {package}"
+            assert (pins[package] + ".").startswith(version + "."), (where, tag_text, pins)
+    assert used == set(ENVIRONMENT_IMAGES), "an environment image no example offers"
