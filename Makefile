@@ -21,10 +21,28 @@ JH55_PY := $(JH55)/bin/python
 JH55_STAMP := $(JH55)/.gputap-installed
 HUB_CONSTRAINTS := images/hub/constraints.txt
 
+# The data-science environment `make demo` offers beside gputap's own (hub_config/environments.py):
+# a virtualenv with its own jupyterhub-singleuser (the hub's JupyterHub), JupyterLab, gputap-lab,
+# jupyter-server-proxy and TensorBoard, plus numpy, pandas, matplotlib and PyTorch's CPU build
+# (torch==2.13.0, which pip takes from this machine's disk). Built once, reused.
+DS := .venv-ds
+DS_PY := $(DS)/bin/python
+DS_STAMP := $(DS)/.gputap-installed
+
 .PHONY: setup setup-jh55 demo test test-jh55 lint format bench gpu-check screenshots \
 	system-packages clean
 
-setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP)
+setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP) $(DS_STAMP)
+
+$(DS_STAMP): pyproject.toml hub_config/environments.py $(LAB_STAMP)
+	test -x $(DS_PY) || $(PYTHON) -m venv $(DS)
+	$(DS_PY) -m pip install --quiet --upgrade pip
+	$(PY) -m hub_config.environments requirements > $(DS)/requirements.txt
+	$(DS_PY) -m pip install --quiet -r $(DS)/requirements.txt
+	rm -rf $(LAB)/build
+	$(DS_PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
+	$(DS_PY) -m pip check
+	touch $@
 
 $(PY_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -139,5 +157,5 @@ bench: setup
 	$(PY) bench/class_spawn.py
 
 clean:
-	rm -rf $(VENV) $(JH55) node_modules .demo .pytest_cache .hypothesis
+	rm -rf $(VENV) $(JH55) $(DS) node_modules .demo .pytest_cache .hypothesis
 	rm -rf $(LAB)/lib $(LAB)/gputap_lab/labextension $(LAB)/tsconfig.tsbuildinfo $(LAB)/build

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from gputap_common.settings import Settings, load_settings
 
+from .environments import demo_environments
 from .hub import DEV_LOGIN_NOTICE, ROOT
 from .with_hub import with_hub
 
@@ -63,6 +64,12 @@ def roles_text(settings: Settings) -> str:
     )
 
 
+def environments_text(settings: Settings) -> str:
+    """The environments the spawn form offers, as the demo prints them at start."""
+    names = [f"{entry['name']} ({key})" for key, entry in settings.environments.items()]
+    return f"  Environments: {'; '.join(names)}\n"
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
@@ -76,7 +83,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
 
 
 def main() -> int:
-    roles = role_environment(load_settings())
+    given = load_settings()
+    # the demo's admin and instructor, and the data-science environment `make setup` built
+    roles = {**role_environment(given), **demo_environments(given.environments)}
     settings = load_settings(environ={**os.environ, **roles})
     hub = settings.hub
     base = "/" + hub["base_url"].strip("/")
@@ -114,6 +123,7 @@ def main() -> int:
             f"\n  gputap is running: open {url}\n"
             f"  Login: {login}\n"
             f"{roles_text(settings)}"
+            f"{environments_text(settings)}"
             f"  Billing page: {url}services/billing/\n"
             f"  Data (homes, databases): {Path(settings.data_dir)}\n"
             "  Press Ctrl-C to stop.\n",

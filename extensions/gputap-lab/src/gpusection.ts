@@ -7,14 +7,28 @@ import { historyPlot } from './plot';
 export class GPUSection {
   readonly node = h('section', { class: 'gputap-section', 'data-testid': 'gputap-gpu' });
   private _card = h('div', { class: 'gputap-card', 'data-testid': 'gputap-card' });
+  private _environment = h('div', {
+    class: 'gputap-environment',
+    'data-testid': 'gputap-environment'
+  });
   private _body = h('div', { class: 'gputap-gpu-body' });
 
   constructor(private _model: GPUTapModel) {
-    fill(this.node, h('h3', {}, 'GPU'), this._card, this._body);
+    fill(this.node, h('h3', {}, 'GPU'), this._card, this._environment, this._body);
   }
 
   update(): void {
     const { server, gpu, gpuError } = this._model;
+    const environment = server?.environment;
+    this._environment.hidden = !environment;
+    if (environment) {
+      fill(
+        this._environment,
+        'Environment: ',
+        h('b', { title: environment.description }, environment.name),
+        ...environment.tags.map(tag => h('span', { class: 'gputap-tag' }, tag))
+      );
+    }
     const label = server?.label || server?.offering || '';
     fill(
       this._card,

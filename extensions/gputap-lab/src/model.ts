@@ -112,6 +112,14 @@ export interface IStopNotice {
   notice: string;
 }
 
+/** The environment the server runs (the spawn form's choice). */
+export interface IEnvironment {
+  key: string;
+  name: string;
+  description: string;
+  tags: string[];
+}
+
 export interface IServer {
   user: string;
   server: string;
@@ -122,6 +130,7 @@ export interface IServer {
   count: number;
   simulated: boolean;
   course: string;
+  environment?: IEnvironment | null;
   disks: { name: string; path: string }[];
   session: ISession | null;
   account: IAccount | null;

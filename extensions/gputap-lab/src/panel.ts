@@ -1,6 +1,7 @@
 /** The side panel: GPU, Cost, Change GPU and Disks sections over one model. */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 
+import { AppsSection } from './appssection';
 import { ChangeSection } from './changesection';
 import { CostSection } from './costsection';
 import { DisksSection } from './diskssection';
@@ -18,6 +19,7 @@ export class GPUTapPanel extends ModelView {
   private _cost: CostSection;
   private _change: ChangeSection;
   private _disks: DisksSection;
+  private _apps = new AppsSection();
   private _stop = h(
     'button',
     { class: 'jp-mod-styled jp-mod-warn gputap-stop', 'data-testid': 'gputap-stop-button' },
@@ -51,7 +53,8 @@ export class GPUTapPanel extends ModelView {
       this._cost.node,
       h('section', { class: 'gputap-section' }, this._stop),
       this._change.node,
-      this._disks.node
+      this._disks.node,
+      this._apps.node
     );
     this.render();
   }
