@@ -2,7 +2,6 @@
 beside gputap's own, unless the settings name one of that key; its servers' packages are
 gputap's own at pyproject.toml's ranges."""
 
-import stat
 from importlib.metadata import version
 
 from packaging.requirements import Requirement
@@ -17,13 +16,12 @@ from hub_config.environments import (
     server_requirements,
 )
 from spawner.core.environments import environments_from_settings
+from tests.unit.test_environments import python_environment
 
 
 def built(root):
-    singleuser = root / "bin" / "jupyterhub-singleuser"
-    singleuser.parent.mkdir(parents=True)
-    singleuser.write_text("#!/bin/sh\n")
-    singleuser.chmod(singleuser.stat().st_mode | stat.S_IXUSR)
+    """A built environment's folder (its bin/jupyterhub-singleuser runnable)."""
+    python_environment(root)
     return root
 
 
