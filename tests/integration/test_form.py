@@ -8,8 +8,9 @@ from gputap_common.money import format_credits
 
 
 def row(page: str, key: str) -> str:
-    match = re.search(rf'<div class="gputap-choice[^"]*" data-key="{re.escape(key)}">.*?</div>',
-                      page, re.S)  # fmt: skip
+    match = re.search(
+        rf'<div class="gputap-choice[^"]*" data-key="{re.escape(key)}"[^>]*>.*?</div>', page, re.S
+    )
     assert match, f"no option {key} in the form"
     return match[0]
 
