@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from gputap_common.settings import defaults
+from hub_config.environments import SERVER_PACKAGES  # what every environment's servers run
 from hub_config.z2jh import configure
 from tests.helm.dockerfile import Dockerfile, DockerfileError, parse_dockerfile
 from tests.helm.test_chart import (
@@ -283,10 +284,6 @@ def test_the_rendered_pods_run_the_images_values_name(chart_dir, values_file):
 
 
 # --- the single-user image's Python packages: what a server on one machine runs ---
-
-#: what servers run (one machine: gputap's own environment), so the image installs each at
-#: pyproject.toml's range (JupyterHub is the hub image's pin instead)
-SERVER_PACKAGES = ("jupyterlab", "nvidia-ml-py", "jupyter-server-proxy", "tensorboard")
 
 
 def test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges():
