@@ -312,13 +312,22 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 return min(max(started, self._pod_asked_at or started), now)
         return await super().launched_at()
 
-    async def stopped(self, record: ServerRecord, requested: datetime) -> datetime:
-        """The earlier of the stop request and the pod's end (its container's finish, or its
-        deletion), as the watch saw it; a preempted spot server leaves a notice."""
+    async def stopped(
+        self, record: ServerRecord, requested: datetime, died: bool = False
+    ) -> datetime:
+        """The pod's end (its container's finish, or its deletion) as the watch saw it: for a
+        stop asked, the earlier of it and the request; for a pod found gone (``died``), that
+        end itself, never before it was last seen alive (``requested``): the last poll may be
+        seconds before. A preempted spot server leaves a notice."""
         watcher = _watchers.get(asyncio.get_running_loop())
         ended = watcher.ended.pop(self.pod_key, None) if watcher else None
         reason = self._preemption(record)
-        at = min(requested, ended or requested)
+        if died:
+            at = max(ended or requested, requested)
+            if ended is not None:
+                self.set_stop_reason(stops.died(at))
+        else:
+            at = min(requested, ended or requested)
         if reason:
             self.set_stop_reason(stops.preempted(reason, at))
             self.log.info("%s: %s", self.who, reason)

@@ -356,11 +356,12 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
         if status is not None and record is not None and self._stop_requested is None:
             if self.record is record:
                 self.record = None
-            # billed until it was last seen alive, not until this poll noticed
-            ended = max(self._seen_alive or now, record.started_at or now)
-            self.set_stop_reason(stops.died(ended))
-            self.log.info("%s: exited by itself (last seen alive %s)", self.who, ended)
-            await self._finish(record, min(ended, now))
+            # billed until it was last seen alive, not until this poll noticed, unless the
+            # backend saw when it ended (stopped(), died=True)
+            alive = min(max(self._seen_alive or now, record.started_at or now), now)
+            self.set_stop_reason(stops.died(alive))
+            self.log.info("%s: exited by itself (last seen alive %s)", self.who, alive)
+            await self._finish(record, alive, died=True)
         return status
 
     # -- why a server stopped (spawner/lifecycle/stops.py) ---------------------------------
@@ -383,16 +384,22 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
             await stops.announce(server.url, self.api_token, reason, self.log)
 
     async def _finish(
-        self, record: ServerRecord, requested: datetime, still_running: bool = False
+        self,
+        record: ServerRecord,
+        requested: datetime,
+        still_running: bool = False,
+        died: bool = False,
     ) -> None:
         """The end of a server: its devices back (``still_running``: kept under a name of
-        their own), its billing session closed when it really ended, once."""
+        their own), its billing session closed when it really ended, once. ``requested``:
+        when the stop was asked, or (``died``) when a server found gone was last seen
+        alive."""
         self.release_devices(record, still_running)
         self.wake_queue()
         if record.session_id == self._settled_session:
             return
         self._settled_session = record.session_id
-        ended_at = await self.stopped(record, requested)
+        ended_at = await self.stopped(record, requested, died)
         result = await self.metering.settle(record, ended_at)
         if record.started_at is None:  # stopped before it was up: only its hold was released
             return
@@ -412,8 +419,11 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
     async def still_running(self) -> bool:
         return False
 
-    async def stopped(self, record: ServerRecord, requested: datetime) -> datetime:
-        """When the server ended: when the stop was asked, unless the backend knows better."""
+    async def stopped(
+        self, record: ServerRecord, requested: datetime, died: bool = False
+    ) -> datetime:
+        """When the server ended: when the stop was asked (``died``: when the server found
+        gone was last seen alive), unless the backend knows better."""
         return requested
 
     def claim_devices(self, record: ServerRecord) -> None:

@@ -121,3 +121,42 @@ def test_a_pod_gone_while_billing_was_down_ends_at_its_killing_event_whoever_rep
         time.sleep(0.5)
     ended = datetime.fromisoformat(session["ended_at"])
     assert abs((ended - killed).total_seconds()) <= 1, (session, killed)
+
+
+def test_a_pod_gone_between_the_hubs_polls_ends_when_it_went_when_the_hub_reports_first(
+    platform, cluster
+):
+    """The hub polls a server every 10 s; a pod that goes between two polls, while billing's
+    pod meter hears nothing from the cluster, is settled by the hub alone. It must end when
+    the hub's own watch saw the pod go, not at the last poll that found it alive (which
+    gave a spot server preempted seconds after its start 0 s, in CI on JupyterHub 5.5)."""
+    platform.create_user("hal")
+    r = platform.spawn("hal", {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("hal")
+    pod = pod_of(cluster, "hal")
+    [sid] = [s["id"] for s in platform.sessions("hal")]
+    # billing's meter: its streams and its requests get no answer until the fault is cleared
+    cluster.faults.silence_watches(requests=True, users=[user_of(BILLING_ACCOUNT)])
+    try:
+        time.sleep(6)  # a poll found it alive a while ago
+        kube_api(cluster).delete_namespaced_pod(
+            pod["metadata"]["name"], "gputap", _preload_content=False
+        )
+        deadline = time.monotonic() + 30
+        while live_pods(cluster, "hal"):
+            assert time.monotonic() < deadline, "hal's pod still there"
+            time.sleep(0.2)
+        killed = killing_times(cluster.events("gputap"))[pod["metadata"]["uid"]]
+        platform.wait_stopped("hal", timeout=60)
+        deadline = time.monotonic() + 60
+        while (session := platform.sessions("hal")[0])["state"] != "ended":
+            assert time.monotonic() < deadline, session
+            time.sleep(0.5)
+    finally:
+        cluster.faults.clear()
+    assert session["id"] == sid
+    ended = datetime.fromisoformat(session["ended_at"])
+    # the container's finish follows its Killing event within its grace period
+    # (event times have whole seconds)
+    assert -1 < (ended - killed).total_seconds() <= 3, (session, killed)

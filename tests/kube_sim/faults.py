@@ -61,6 +61,7 @@ class Faults:
     silence_after_events: int | None = None  # a watch goes silent after this many events
     silence_after_seconds: float | None = None  # ... or after this many seconds
     silence_requests: bool = False  # plain requests get no answer at all
+    silence_users: frozenset[str] | None = None  # whose requests go silent; None = anyone's
     rules: list[ErrorRule] = field(default_factory=list)
     injected: int = 0  # how many requests were answered with an injected error
     duplicated: int = 0  # how many watch events were sent a second time
@@ -107,23 +108,33 @@ class Faults:
         after_events: int | None = None,
         after_seconds: float | None = None,
         requests: bool = False,
+        users: list[str] | None = None,
     ) -> None:
         """Let every watch stream go silent after N events or T seconds (whichever comes
         first; neither given: at once), streams already open included: the connection stays
         open, nothing more is sent and nothing closes, as when a NAT or load balancer between
         client and server forgot the connection without a reset. With ``requests`` every
         plain request is left unanswered too. Only the client giving up ends such a request
-        (or the server shutting down); :meth:`clear` lets new requests through again."""
+        (or the server shutting down); :meth:`clear` lets new requests through again.
+        ``users`` (RBAC user names) limits the silence to their streams and requests, as when
+        only one client's connection broke."""
         if after_events is None and after_seconds is None:
             after_events = 0
         self.silence_after_events = after_events
         self.silence_after_seconds = after_seconds
         self.silence_requests = requests
+        self.silence_users = frozenset(users) if users is not None else None
 
-    def watch_silent(self, sent: int, elapsed: float) -> bool:
-        """Whether a watch stream that has sent ``sent`` events over ``elapsed`` seconds has
-        gone silent."""
+    def silences(self, user: str) -> bool:
+        """Whether a silence set by :meth:`silence_watches` is ``user``'s."""
+        return self.silence_users is None or user in self.silence_users
+
+    def watch_silent(self, sent: int, elapsed: float, user: str = "") -> bool:
+        """Whether a watch stream of ``user`` that has sent ``sent`` events over ``elapsed``
+        seconds has gone silent."""
         events, seconds = self.silence_after_events, self.silence_after_seconds
+        if not self.silences(user):
+            return False
         return (events is not None and sent >= events) or (
             seconds is not None and elapsed >= seconds
         )
@@ -153,6 +164,7 @@ class Faults:
         self.silence_after_events = None
         self.silence_after_seconds = None
         self.silence_requests = False
+        self.silence_users = None
 
     def decide(self, verb: str, path: str, is_watch: bool = False, user: str = "") -> int | None:
         """The status code to fail this request of ``user`` with, or None to serve it."""

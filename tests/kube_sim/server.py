@@ -82,10 +82,10 @@ class BaseHandler(tornado.web.RequestHandler):
             self.send_json(body, code)
             return
         is_watch = self.get_query_argument("watch", "").lower() in ("1", "true")
-        if self.faults.silence_requests and not is_watch:
+        user = self.rbac.user_of(self.request.headers.get("Authorization"))
+        if self.faults.silence_requests and not is_watch and self.faults.silences(user):
             await self.stay_silent(asyncio.Queue())
             raise tornado.web.Finish()
-        user = self.rbac.user_of(self.request.headers.get("Authorization"))
         code = self.faults.decide(self.request.method or "GET", self.request.path, is_watch, user)
         if code is not None:
             log.info("injected %d for %s %s", code, self.request.method, self.request.path)
@@ -433,6 +433,7 @@ class ResourceHandler(BaseHandler):
             timeout = min(timeout, self.faults.watch_max_seconds)
         max_events = self.faults.watch_max_events
         deadline = time.monotonic() + timeout
+        user = self.rbac.user_of(self.request.headers.get("Authorization"))
 
         def wanted(event: WatchEvent) -> bool:
             av, kind, ens, _ = event.key
@@ -480,14 +481,14 @@ class ResourceHandler(BaseHandler):
                     except TimeoutError:
                         event = None  # the watch's time is up
                     if event is None:  # ... or the server is shutting down, or the client left
-                        if self.faults.watch_silent(sent, time.monotonic() - opened):
+                        if self.faults.watch_silent(sent, time.monotonic() - opened, user):
                             await self.stay_silent(queue)  # not even the end is sent
                             return
                         break
                     if not wanted(event):
                         continue
                     type_, obj = event.type, event.obj
-                if self.faults.watch_silent(sent, time.monotonic() - opened):
+                if self.faults.watch_silent(sent, time.monotonic() - opened, user):
                     await self.stay_silent(queue)
                     return
                 await self._send_event(type_, obj)

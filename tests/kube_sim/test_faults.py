@@ -13,6 +13,7 @@ from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 
 from tests.kube_sim import SimulatedCluster
 from tests.kube_sim.conftest import pod_body, wait_for
+from tests.kube_sim.rbac import ADMIN_USER
 
 
 @pytest.fixture
@@ -157,3 +158,11 @@ def test_silent_requests_get_no_answer_until_the_fault_is_cleared(cluster, v1):
     assert time.monotonic() - t0 >= 4
     cluster.faults.clear()
     assert v1.list_namespaced_config_map("default", _request_timeout=5).kind == "ConfigMapList"
+
+
+def test_a_silence_for_one_user_leaves_the_others_answered(cluster, v1):
+    cluster.faults.silence_watches(requests=True, users=["system:serviceaccount:default:meter"])
+    assert v1.list_namespaced_config_map("default", _request_timeout=5).kind == "ConfigMapList"
+    cluster.faults.silence_watches(requests=True, users=[ADMIN_USER])
+    with pytest.raises(MaxRetryError):
+        v1.list_namespaced_config_map("default", _request_timeout=1)
