@@ -16,6 +16,19 @@ def live_pods(cluster, user):
     ]
 
 
+def delete_pod(cluster, pod, user) -> datetime:
+    """Delete the user's pod as an administrator would, wait until it is gone; its Killing
+    event's time."""
+    kube_api(cluster).delete_namespaced_pod(
+        pod["metadata"]["name"], "gputap", _preload_content=False
+    )
+    deadline = time.monotonic() + 30
+    while live_pods(cluster, user):
+        assert time.monotonic() < deadline, f"{user}'s pod still there"
+        time.sleep(0.2)
+    return killing_times(cluster.events("gputap"))[pod["metadata"]["uid"]]
+
+
 def test_hub_restart_keeps_running_servers_and_rebuilds_the_inventory(platform, cluster):
     platform.create_user("eve")
     r = platform.spawn("eve", {"kind": "card", "card": "L40S", "count": 4})
@@ -93,14 +106,7 @@ def test_a_pod_gone_while_billing_was_down_ends_at_its_killing_event_whoever_rep
         1.0, code=500, verbs=["GET"], path=r"/events$", users=[user_of(BILLING_ACCOUNT)]
     )
     try:
-        kube_api(cluster).delete_namespaced_pod(
-            pod["metadata"]["name"], "gputap", _preload_content=False
-        )
-        deadline = time.monotonic() + 30
-        while live_pods(cluster, "gil"):
-            assert time.monotonic() < deadline, "gil's pod still there"
-            time.sleep(0.2)
-        killed = killing_times(cluster.events("gputap"))[pod["metadata"]["uid"]]
+        killed = delete_pod(cluster, pod, "gil")
         time.sleep(2)  # the hub's stop, if it were the first word, would be dated later
         platform.start()
         # the restarted hub finds gil's server gone and reports its stop to billing, which
@@ -140,14 +146,7 @@ def test_a_pod_gone_between_the_hubs_polls_ends_when_it_went_when_the_hub_report
     cluster.faults.silence_watches(requests=True, users=[user_of(BILLING_ACCOUNT)])
     try:
         time.sleep(6)  # a poll found it alive a while ago
-        kube_api(cluster).delete_namespaced_pod(
-            pod["metadata"]["name"], "gputap", _preload_content=False
-        )
-        deadline = time.monotonic() + 30
-        while live_pods(cluster, "hal"):
-            assert time.monotonic() < deadline, "hal's pod still there"
-            time.sleep(0.2)
-        killed = killing_times(cluster.events("gputap"))[pod["metadata"]["uid"]]
+        killed = delete_pod(cluster, pod, "hal")
         platform.wait_stopped("hal", timeout=60)
         deadline = time.monotonic() + 60
         while (session := platform.sessions("hal")[0])["state"] != "ended":
