@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from tests.platform import Platform
+
 CHROMIUM = "/usr/bin/chromium"
 # Lab and hub pages take seconds to load on a machine running four test workers on two
 # cores: expect's own default of 5 s fails pages that are merely slow
@@ -23,3 +25,14 @@ def browser():
         )
         yield browser
         browser.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed browser test's report ends with the platform's log (hub, billing, servers):
+    what the page saw is in the error, what the servers did around it only there."""
+    report = yield
+    platform = getattr(item, "funcargs", {}).get("platform")
+    if report.when == "call" and report.failed and isinstance(platform, Platform):
+        report.sections.append(("platform log, last lines", platform.log_tail(150)))
+    return report
