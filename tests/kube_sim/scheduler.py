@@ -390,25 +390,26 @@ class Scheduler:
         self.api.record_event(updated, "FailedScheduling", message, "Warning")
 
     def _preempt(self, pod: Obj, node: str, victims: list[Obj]) -> None:
+        """kube-scheduler's DefaultPreemption: each victim gets the DisruptionTarget condition
+        and a Preempted event, then an ordinary graceful delete. The phase is left to the
+        kubelet, which stops the containers within the grace period (its Killing event) and
+        removes the pod; until then the victim holds its node's resources."""
         preemptor = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         message = f"Preempted by {preemptor} on node {node}"
+        scheduler = pod["spec"].get("schedulerName", "default-scheduler")
         for v in victims:
             vns, vname = v["metadata"]["namespace"], v["metadata"]["name"]
 
-            def evict(p: Obj) -> None:
-                p["status"]["phase"] = "Failed"
-                p["status"]["reason"] = "Preempted"
-                p["status"]["message"] = message
+            def disrupt(p: Obj) -> None:
                 set_condition(
                     p,
                     "DisruptionTarget",
                     "True",
                     "PreemptionByScheduler",
-                    f"{pod['spec'].get('schedulerName', 'default-scheduler')}: "
-                    f"preempting to accommodate a higher priority pod",
+                    f"{scheduler}: preempting to accommodate a higher priority pod",
                 )
 
-            updated = self.api.update_status(vns, vname, evict)
+            updated = self.api.update_status(vns, vname, disrupt)
             if updated is None:
                 continue
             log.info("preempted %s/%s for %s on %s", vns, vname, preemptor, node)

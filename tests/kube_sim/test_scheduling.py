@@ -128,11 +128,44 @@ def test_higher_priority_pod_preempts_a_lower_one(v1, cluster):
     assert [(e.involved_object.name, e.message) for e in preempted] == [
         ("student", "Preempted by default/teacher on node l4-1")
     ]
+    # as kube-scheduler does: a condition and a graceful delete, the kubelet stops the
+    # container (Killing, which billing dates a vanished pod's end by) and removes the pod
     wait_for(
         lambda: (
             not [p for p in v1.list_namespaced_pod("default").items if p.metadata.name == "student"]
         )
     )
+    killing = v1.list_namespaced_event("default", field_selector="reason=Killing").items
+    assert [e.involved_object.name for e in killing] == ["student"]
+    assert killing[0].last_timestamp >= preempted[0].last_timestamp
+
+
+def test_a_preempted_pod_terminates_gracefully_with_a_disruption_condition(v1, cluster):
+    scheduling = kubernetes.client.SchedulingV1Api(v1.api_client)
+    scheduling.create_priority_class({"metadata": {"name": "low"}, "value": 10})
+    scheduling.create_priority_class({"metadata": {"name": "high"}, "value": 1000})
+    v1.create_namespaced_pod(
+        "default",
+        gpu_pod("student", {"nvidia.com/gpu": "1"}, product="NVIDIA-L4", priorityClassName="low"),
+    )
+    wait_for(lambda: v1.read_namespaced_pod("student", "default").status.phase == "Running")
+    v1.create_namespaced_pod(
+        "default",
+        gpu_pod("teacher", {"nvidia.com/gpu": "1"}, product="NVIDIA-L4", priorityClassName="high"),
+    )
+    seen: list = []
+
+    def terminating():
+        pods = [p for p in v1.list_namespaced_pod("default").items if p.metadata.name == "student"]
+        seen.extend(pods)
+        return pods and pods[0].metadata.deletion_timestamp is not None
+
+    wait_for(terminating)
+    victim = seen[-1]
+    conditions = {c.type: c for c in victim.status.conditions}
+    assert conditions["DisruptionTarget"].reason == "PreemptionByScheduler"
+    assert victim.status.phase != "Failed"  # the scheduler leaves the phase to the kubelet
+    assert victim.metadata.deletion_grace_period_seconds > 0
 
 
 def test_unknown_priority_class_is_refused(v1):
