@@ -64,7 +64,8 @@ $(LAB_BUILT): $(LAB_SOURCES) $(NODE_STAMP) | $(PY_STAMP)
 # A regular (non-editable) install: the wheel puts the labextension in
 # $(VENV)/share/jupyter/labextensions/gputap-lab and enables the server extension in
 # $(VENV)/etc/jupyter/jupyter_server_config.d. Its dependencies come with the root package.
-$(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py) $(LAB)/pyproject.toml | $(PY_STAMP)
+$(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py $(LAB)/gputap/*.py) \
+		$(wildcard $(LAB)/jupyter-config/*/*.json) $(LAB)/pyproject.toml | $(PY_STAMP)
 	rm -rf $(LAB)/build  # setuptools would reuse a stale build/lib
 	$(PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
 	touch $@
@@ -121,28 +122,32 @@ format: setup
 # `make test` takes the time of the slower half, not the sum; both must pass. Most tests wait
 # on real servers rather than compute, so they run in TEST_WORKERS processes, a test file
 # per process (its module fixtures, such as a started platform, stay shared).
-# Then the hub-side tests once more on the hub image's Python set (test-jh55).
+# Each test runs once, on the JupyterHub that runs its code in use: the one-machine tests on
+# .venv's (what `make demo` runs), the Kubernetes backend's (tests/kube) on the hub image's
+# Python set (test-jh55: the chart's hub is that image, docs/install-kubernetes.md).
 TEST_WORKERS ?= 4
+KUBE_TESTS := tests/kube
 test: setup setup-jh55 system-packages lint
 	@$(PY) -m pytest -m long -p no:cacheprovider > .pytest-long.log 2>&1 & long=$$!; \
-	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile; rest=$$?; \
+	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile --ignore=$(KUBE_TESTS); \
+	rest=$$?; \
 	wait $$long; long_rc=$$?; \
 	echo "--- long tests (-m long) ---"; cat .pytest-long.log; \
-	echo "--- the hub-side tests on the hub image's JupyterHub 5.5 (make test-jh55) ---"; \
+	echo "--- the hub image's JupyterHub 5.5: Kubernetes, the chart, GitHub login (make test-jh55) ---"; \
 	$(MAKE) --no-print-directory test-jh55; jh55=$$?; \
 	test $$rest -eq 0 -a $$long_rc -eq 0 -a $$jh55 -eq 0
 
-# The tests that start or configure the hub (its spawners, settings, API handlers, z2jh's
-# config of it), run in .venv-jh55: the hub, billing and the servers they start are its
-# jupyterhub, jupyterhub-singleuser and KubeSpawner, as the chart's images hold them.
-# GPUTAP_HUB_PINS makes tests/helm/test_hub_pins.py check that this is so. It adds about
-# 8.5 minutes to `make test` on 2 cores (619 tests, measured on a shared machine).
-# `make demo` is left out: it runs on .venv's JupyterHub, never on the hub image's.
-JH55_TESTS := tests/unit tests/kube tests/helm tests/integration
-JH55_NOT_THE_IMAGE := tests/integration/test_hub_death.py::test_stopping_the_demo_stops_everything_it_started_even_when_killed
+# The tests of what the hub image runs (z2jh 4.4.0's JupyterHub 5.5, KubeSpawner 7.1, ...), in
+# .venv-jh55: the Kubernetes backend and the API handlers on it (tests/kube, only here), the
+# chart's hub and its settings (tests/helm, tests/unit), and GitHub login (the chart's
+# login). The hub, billing and the servers they start are that venv's jupyterhub,
+# jupyterhub-singleuser and KubeSpawner, as the chart's images hold them. GPUTAP_HUB_PINS makes
+# tests/helm/test_hub_pins.py check that this is so. The one-machine backend never runs on
+# the image, so its tests (tests/integration beside GitHub's) run on .venv alone.
+JH55_TESTS := tests/unit tests/kube tests/helm $(wildcard tests/integration/test_github_*.py)
 test-jh55: setup-jh55 system-packages
 	GPUTAP_HUB_PINS=$(HUB_CONSTRAINTS) $(JH55_PY) -m pytest -m "not long" -p no:cacheprovider \
-	  -n $(TEST_WORKERS) --dist loadfile $(JH55_TESTS) --deselect $(JH55_NOT_THE_IMAGE)
+	  -n $(TEST_WORKERS) --dist loadfile $(JH55_TESTS)
 
 # what NVML reports, what gputap offers for it, and whether servers and the idle rule see the
 # GPUs right: run it on a GPU machine (README, "On a GPU machine")
