@@ -1,0 +1,186 @@
+"""The worker's agent (gputap-lab's ``gputap-worker``) as a real process: it answers its group's
+token only, runs one job at a time and streams its output, and a job whose caller goes away
+ends with everything it started; plus ``gputap.run``'s launcher arguments and the magic's."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from gputap.launch import launcher_args, node_env
+from gputap.magic import parse
+from tests.platform import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EXTENSION = ROOT / "extensions" / "gputap-lab"
+
+
+@pytest.fixture
+def agent(tmp_path):
+    token = secrets.token_urlsafe(24)
+    port = free_port()
+    env = {**os.environ, "GPUTAP_WORKER_TOKEN": token, "PYTHONPATH": str(EXTENSION),
+           "GPUTAP_SIMULATED": "1"}  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputap_lab.worker", "--port", str(port), "--name", "w1"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"token {token}"}
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if requests.get(url + "/status", headers=headers, timeout=2).ok:
+                break
+        except requests.RequestException:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.1)
+    yield url, headers, port, proc
+    proc.terminate()
+    proc.wait(10)
+
+
+def stream(port: int, headers: dict, body: dict) -> tuple[http.client.HTTPConnection, object]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", "/run", json.dumps(body), headers)
+    return connection, connection.getresponse()
+
+
+def test_only_the_groups_token_is_answered(agent):
+    url, headers, _, _ = agent
+    assert requests.get(url + "/status", timeout=5).status_code == 403
+    wrong = {"Authorization": "token " + "x" * 32}
+    r = requests.post(url + "/run", headers=wrong, json={"argv": ["true"]}, timeout=5)
+    assert (
+        r.status_code == 403 and r.json()["message"] == "this worker answers its group's token only"
+    )
+    status = requests.get(url + "/status", headers=headers, timeout=5).json()
+    assert status["name"] == "w1" and status["busy"] is False and status["job"] is None
+    assert status["gpus"] is None and status["gpu_note"] == "simulated card: no live numbers"
+
+
+def test_a_job_streams_its_output_and_its_exit(agent, tmp_path):
+    url, headers, port, _ = agent
+    before = requests.get(url + "/status", headers=headers, timeout=5).json()["idle_since"]
+    code = "import os, sys; print('hello from', os.getcwd()); sys.exit(3)"
+    _, response = stream(port, headers, {"argv": ["python", "-c", code], "cwd": str(tmp_path)})
+    assert response.status == 200
+    lines = [json.loads(line) for line in response]
+    assert lines == [{"out": f"hello from {tmp_path}\n"}, {"exit": 3}]
+    after = requests.get(url + "/status", headers=headers, timeout=5).json()["idle_since"]
+    assert after > before
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"argv": []}, "argv must be a non-empty list of strings"),
+        ({"argv": "ls"}, "argv must be a non-empty list of strings"),
+        ({"argv": ["true"], "env": {"A": 1}}, "env must map names to strings"),
+        ({"argv": ["true"], "shell": True}, "send a JSON object with argv, env and cwd only"),
+        ({"argv": ["/no/such/program"]}, "cannot run program"),
+    ],
+)
+def test_a_bad_job_is_refused(agent, body, message):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, json=body, timeout=10)
+    assert r.status_code == 400 and message in r.json()["message"]
+    assert requests.get(url + "/status", headers=headers, timeout=5).json()["busy"] is False
+
+
+def test_one_job_at_a_time_and_a_gone_caller_ends_everything_it_started(agent, tmp_path):
+    url, headers, port, _ = agent
+    marker = secrets.token_hex(6)
+    # the job starts a child in its own session (as a launcher's ranks are)
+    code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen(['sleep', '300', '{marker}'[:0] or '300'], start_new_session=False)\n"
+        f"print('started {marker}', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    connection, response = stream(port, headers, {"argv": ["python", "-c", code]})
+    assert json.loads(response.readline()) == {"out": f"started {marker}\n"}
+    status = requests.get(url + "/status", headers=headers, timeout=5).json()
+    assert status["busy"] is True and status["idle_since"] is None
+    r = requests.post(url + "/run", headers=headers, json={"argv": ["true"]}, timeout=5)
+    assert r.status_code == 409
+    job = psutil.Process(status["job"]["pid"])
+    family = [job, *job.children(recursive=True)]
+    assert len(family) == 2
+    connection.sock.shutdown(2)  # the notebook's cell was interrupted
+    connection.close()
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert alive == [], alive
+    deadline = time.monotonic() + 10
+    while requests.get(url + "/status", headers=headers, timeout=5).json()["busy"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_delete_ends_the_running_job(agent):
+    url, headers, port, _ = agent
+    connection, response = stream(
+        port,
+        headers,
+        {"argv": ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"]},
+    )
+    assert json.loads(response.readline()) == {"out": "up\n"}
+    r = requests.delete(url + "/run", headers=headers, timeout=20)
+    assert r.status_code == 200 and r.json()["exit"] == -15
+    assert json.loads(response.readline()) == {"exit": -15}
+    connection.close()
+    assert requests.delete(url + "/run", headers=headers, timeout=5).status_code == 204
+
+
+def test_the_agent_refuses_to_start_without_its_token():
+    env = {k: v for k, v in os.environ.items() if k != "GPUTAP_WORKER_TOKEN"}
+    env["PYTHONPATH"] = str(EXTENSION)
+    done = subprocess.run(
+        [sys.executable, "-m", "gputap_lab.worker", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2 and "GPUTAP_WORKER_TOKEN" in done.stderr
+
+
+def test_every_node_runs_the_same_launcher_but_its_own_address():
+    args = launcher_args(
+        "train.py",
+        ["--epochs", "2"],
+        nodes=3,
+        endpoint="127.0.0.1:29400",
+        run_id="abc",
+        local_addr="127.0.0.2",
+        nproc_per_node=2,
+        max_restarts=0,
+    )
+    assert args[:2] == ["-m", "torch.distributed.run"]
+    assert "--nnodes=3" in args and "--nproc-per-node=2" in args
+    assert "--rdzv-endpoint=127.0.0.1:29400" in args and "--local-addr=127.0.0.2" in args
+    assert args[-3:] == ["train.py", "--epochs", "2"]
+    elastic = launcher_args("t.py", [], nodes=3, endpoint="h:1", run_id="r", local_addr="h",
+                            nproc_per_node=1, max_restarts=2)  # fmt: skip
+    assert "--nnodes=1:3" in elastic and "--max-restarts=2" in elastic
+    assert node_env(["127.0.0.1", "127.0.0.2"])["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "GLOO_SOCKET_IFNAME" not in node_env(["10.1.0.4", "10.1.0.9"])
+
+
+def test_the_magic_splits_its_options_from_the_scripts():
+    options, args = parse("--workers 2 --max-restarts 1 train.py --workers 9 -x")
+    assert (options.workers, options.max_restarts, options.script) == (2, 1, "train.py")
+    assert args == ["--workers", "9", "-x"]
+    with pytest.raises(ValueError, match="usage: %gputap_run"):
+        parse("--workers two train.py")
