@@ -190,6 +190,7 @@ def apply(c: Any, settings: Settings) -> None:
     _idle_culler(c, settings.section("idle"), backend)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
+    _scale_out(c, settings.section("scale_out"))
     _apps(c, settings.section("apps"), set(settings.environments))
     configure_shared_data(c, settings, KUBE_HOME)
     _environments(c, settings)
@@ -324,6 +325,12 @@ def _disks(c: Any, disks: dict[str, Any]) -> None:
     c.GPUSpawnerMixin.max_disks = disks["max_disks"]
     c.GPULocalSpawner.disk_root = disks["root"]
     c.GPUKubeSpawner.disk_storage_class = disks["storage_class"]
+
+
+def _scale_out(c: Any, scale_out: dict[str, Any]) -> None:
+    """Worker groups (docs/scale-out.md): how many per server, how long one may idle."""
+    c.GPUSpawnerMixin.max_workers = scale_out["max_workers"]
+    c.GPUSpawnerMixin.worker_idle_seconds = scale_out["idle_seconds"]
 
 
 def _apps(c: Any, apps: dict[str, Any], environments: set[str]) -> None:

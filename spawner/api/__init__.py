@@ -2,12 +2,13 @@
 its ``default_handlers``; :data:`default_handlers` is all of them, for
 ``c.JupyterHub.extra_handlers``."""
 
-from . import account, admin, disks, preview, running, servers
+from . import account, admin, disks, preview, running, servers, workers
 
 default_handlers = [
     *preview.default_handlers,
     *account.default_handlers,
     *running.default_handlers,
+    *workers.default_handlers,
     *servers.default_handlers,
     *disks.default_handlers,
     *admin.default_handlers,

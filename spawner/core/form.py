@@ -151,6 +151,7 @@ class CourseOffer:
     resets: str
     fallback: bool = False  # the student pays on with own credit when the hours are used up
     environment: str = ""  # the environment its servers run in, if its instructor pinned one
+    max_workers: int = 0  # workers its servers may scale out to (0: none)
 
 
 def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
@@ -163,6 +164,7 @@ def course_offers(answer: Mapping[str, object]) -> list[CourseOffer]:
             resets=f"{c['reset_weekday'].capitalize()} {c['reset_time']} {c['timezone']}",
             fallback=bool(c.get("fallback")),
             environment=str(c.get("environment") or ""),
+            max_workers=int(c.get("max_workers") or 0),
         )
         for c in answer.get("courses") or []
     ]

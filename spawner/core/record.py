@@ -34,6 +34,8 @@ class ServerRecord:
     environment: str = ""
     #: "on-demand", or "spot" (interruptible, Kubernetes only)
     price_class: str = "on-demand"
+    #: a worker of the server's group ("w1", "w2", …), "" for the server itself
+    worker: str = ""
     #: one machine: the UUIDs of its GPUs or MIG devices (CUDA_VISIBLE_DEVICES)
     devices: tuple[str, ...] = field(default_factory=tuple)
     #: one machine: whether those devices are simulated cards
@@ -65,6 +67,8 @@ class ServerRecord:
         }
         if self.environment:
             state["environment"] = self.environment
+        if self.worker:
+            state["worker"] = self.worker
         if self.devices or self.simulated:
             state["devices"] = list(self.devices)
             state["simulated"] = self.simulated
@@ -88,6 +92,7 @@ class ServerRecord:
             course=str(state.get("course") or ""),
             environment=str(state.get("environment") or ""),
             price_class=str(state.get("price_class") or "on-demand"),
+            worker=str(state.get("worker") or ""),
             devices=tuple(state.get("devices") or ()),
             simulated=bool(state.get("simulated", False)),
             node=state.get("node"),

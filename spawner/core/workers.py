@@ -19,6 +19,7 @@ from .catalog import Catalog, Offering
 from .placement import (
     CardRequest,
     CpuRequest,
+    Placement,
     Request,
     RequestError,
     SpecRequest,
@@ -142,6 +143,8 @@ class Worker:
     gpus: list[dict[str, Any]] | None = None
     gpu_note: str = ""
     seen_at: datetime | None = None
+    #: where it was placed (this hub's memory only: a re-attached worker runs already)
+    placement: Placement | None = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:

@@ -199,6 +199,8 @@ class BillingClient:
             body["course"] = record.course
         if record.environment:
             body["environment"] = record.environment
+        if record.worker:  # one worker of the server's group, billed on its own
+            body["worker"] = record.worker
         return await self._call("POST", "api/sessions", body)
 
     async def start_storage_session(

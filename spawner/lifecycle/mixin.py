@@ -64,6 +64,7 @@ from .disk_mounts import DiskMounts
 from .environment import EnvironmentChoice
 from .metering import Metering
 from .request_body import start_options
+from .scale_out import ScaleOutMixin
 
 PREVIEW_PATH = "gputap/preview"
 
@@ -85,7 +86,7 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.options_applied(options)
 
 
-class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
+class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
     """The lifecycle, the form and the billing glue shared by gputap's spawners."""
 
     billing_url = Unicode(
@@ -335,6 +336,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
         reason, self._next_stop = self._next_stop or stops.from_hub, None
         if record is not None:  # a running server (a dead one was settled by poll)
             await self._tell_why(reason(requested))
+            await self.stop_group(f"The server stopped: {self.stop_reason.message}")
         try:
             await super().stop(now=now)
         finally:
@@ -349,6 +351,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
         """The backend's poll; a server found gone without a stop (crashed, preempted) is
         settled here, the hub calls no stop for it."""
         record = self.record
+        self.resume_group()
         status = await super().poll()
         now = clock.utcnow()
         if status is None and record is not None:
@@ -361,6 +364,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
             alive = min(max(self._seen_alive or now, record.started_at or now), now)
             self.set_stop_reason(stops.died(alive))
             self.log.info("%s: exited by itself (last seen alive %s)", self.who, alive)
+            await self.stop_group("The server exited by itself.")
             await self._finish(record, alive, died=True)
         return status
 
@@ -441,6 +445,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
             state["gputap_notice"] = self.notice
         if self.stop_reason is not None:
             state["gputap_stop"] = self.stop_reason.view()
+        self.group_state(state)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -454,6 +459,7 @@ class GPUSpawnerMixin(server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
         self.stop_reason = stops.StopReason.from_view(saved_stop) if saved_stop else None
         if self.record is not None:
             self.claim_devices(self.record)
+        self.load_group_state(state)
 
     def clear_state(self) -> None:
         super().clear_state()

@@ -36,6 +36,7 @@ from .environments import singleuser_of
 from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
 from .reaper import reaper_command
 from .shared_data import link_shared_data
+from .workers import LocalWorkers
 
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
@@ -154,6 +155,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     _configured_cmd: list[str] | None = None
     #: the disk links a system user's server makes as it starts (see _link_disks)
     _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
+    _worker_backend: LocalWorkers | None = None
 
     @property
     def home_dir(self) -> str:
@@ -434,12 +436,17 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 ",".join(map(str, pids)),
             )
 
-    def take_devices(self, placement: Placement, record: ServerRecord) -> None:
+    def take_devices(
+        self, placement: Placement, record: ServerRecord, holder: str | None = None
+    ) -> None:
+        """Take the placement's devices for this server (or ``holder``: one of its workers)."""
         pool = _pools[self._pool_key]  # gpu_views made it
-        record.devices = tuple(d.uuid for d in pool.take(placement, self.who))
+        record.devices = tuple(d.uuid for d in pool.take(placement, holder or self.who))
         record.simulated = pool.simulated
 
-    def release_devices(self, record: ServerRecord, still_running: bool = False) -> None:
+    def release_devices(
+        self, record: ServerRecord, still_running: bool = False, holder: str | None = None
+    ) -> None:
         """Free the devices; a process that never died may still use its GPU, so then they
         stay held under a name of their own."""
         pool = _pools.get(self._pool_key)
@@ -448,7 +455,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         if still_running:
             pool.rename(self.who, f"{self.who} (pid {self.pid} never died)")
         else:
-            pool.release(self.who)
+            pool.release(holder or self.who)
 
     async def launch(self, placement: Placement) -> tuple[str, int]:
         """Link the disks, start the process, and return once it answers HTTP (billing
@@ -479,13 +486,21 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def still_running(self) -> bool:
         return bool(self.pid) and await self._signal(0)
 
-    def claim_devices(self, record: ServerRecord) -> None:
+    def claim_devices(self, record: ServerRecord, holder: str | None = None) -> None:
+        """A re-attached server's (or ``holder``'s, one of its workers) devices, held again."""
+        holder = holder or self.who
         pools = list(_pools.values())
         if not pools:
-            _pending_claims[self.who] = list(record.devices)
+            _pending_claims[holder] = list(record.devices)
             return
-        for device_uuid in pools[0].claim(record.devices, self.who):
-            self.log.warning("%s: device %s is gone or taken", self.who, device_uuid)
+        for device_uuid in pools[0].claim(record.devices, holder):
+            self.log.warning("%s: device %s is gone or taken", holder, device_uuid)
+
+    def worker_backend(self) -> LocalWorkers:
+        """The backend of this server's workers (spawner/local/workers.py)."""
+        if self._worker_backend is None:
+            self._worker_backend = LocalWorkers(self)
+        return self._worker_backend
 
     async def _wait_up(self, ip: str, port: int) -> None:
         """Return once the server answers HTTP."""

@@ -184,6 +184,31 @@ class HubClient:
     async def change_status(self) -> tuple[int, Any]:
         return await self.request("GET", server_path(self.user, self.server_name) + "/change")
 
+    # -- this server's workers (docs/scale-out.md) ---------------------------------------
+
+    def _workers(self, name: str | None = None) -> str:
+        path = server_path(self.user, self.server_name) + "/workers"
+        return path if name is None else f"{path}/{quote(name, safe='')}/stop"
+
+    async def workers(self) -> tuple[int, Any]:
+        """The group, without its token (the page never needs it)."""
+        code, view = await self.request("GET", self._workers())
+        if isinstance(view, dict):
+            view.pop("token", None)
+        return code, view
+
+    async def scale(self, body: dict[str, Any]) -> tuple[int, Any]:
+        code, view = await self.request("POST", self._workers(), body)
+        if isinstance(view, dict):
+            view.pop("token", None)
+        return code, view
+
+    async def stop_workers(self) -> tuple[int, Any]:
+        return await self.request("DELETE", self._workers())
+
+    async def stop_worker(self, name: str) -> tuple[int, Any]:
+        return await self.request("POST", self._workers(name), {})
+
     # -- the user's disks ---------------------------------------------------------------
 
     def _disks(self, name: str | None = None) -> str:

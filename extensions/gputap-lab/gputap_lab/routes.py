@@ -214,6 +214,36 @@ def ask_stop(handler: GPUTapHandler) -> Asked:
     return "stop", ()
 
 
+def scale_body(body: Any) -> dict[str, Any]:
+    """``{"count": N, "gpus": G}`` checked, or 400 (the limits are the hub's)."""
+    if not isinstance(body, dict):
+        raise tornado.web.HTTPError(400, 'Send a JSON object: {"count": 2, "gpus": 1}.')
+    unknown = sorted(set(body) - {"count", "gpus", "options", "queue"})
+    if unknown:
+        raise tornado.web.HTTPError(400, f"Unknown fields {unknown}: send count and gpus.")
+    for key in ("count", "gpus"):
+        value = body.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise tornado.web.HTTPError(400, f"{key} must be a whole number, 1 or more.")
+    if "count" not in body:
+        raise tornado.web.HTTPError(400, "Missing count: how many workers.")
+    return body
+
+
+def ask_scale(handler: GPUTapHandler) -> Asked:
+    """POST gputap/workers: scale this server out (or in) to count workers."""
+    body = scale_body(handler.json_body())
+    handler.log.info("gputap %s: %s worker(s) asked", handler.hub.who, body["count"])
+    return "scale", (body,)
+
+
+def ask_stop_worker(handler: GPUTapHandler, name: str) -> Asked:
+    """POST gputap/workers/wK/stop: no body."""
+    if handler.json_body(required=False) not in (None, {}):
+        raise tornado.web.HTTPError(400, "stop takes no body: it stops that worker.")
+    return "stop_worker", (name,)
+
+
 default_handlers = [
     (r"gputap/gpu", GPUHandler),
     (r"gputap/stopping", StoppingHandler),
@@ -224,4 +254,8 @@ default_handlers = [
     hub_route(r"gputap/disks", get=as_is("disks"), post=ask_create_disk),
     hub_route(r"gputap/disks/([^/]+)", delete=ask_delete_disk),
     hub_route(r"gputap/disks/([^/]+)/(attach|detach)", post=ask_move_disk),
+    hub_route(
+        r"gputap/workers", get=as_is("workers"), post=ask_scale, delete=as_is("stop_workers")
+    ),
+    hub_route(r"gputap/workers/(w[1-9][0-9]{0,2})/stop", post=ask_stop_worker),
 ]

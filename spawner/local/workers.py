@@ -1,0 +1,206 @@
+"""One machine's workers: each a process of the server's user, running the agent
+(``gputap-worker``) of the server's environment under the reaper, with devices of its own.
+
+Worker ``wK`` listens on ``127.0.0.(K+1)``: an address of its own on the loopback network,
+as a pod has one on a cluster (so torchrun tells the nodes apart, and the notebook, at
+``127.0.0.1``, is the first node). Its home and working folder are the server's, its
+``CUDA_VISIBLE_DEVICES`` its own devices, its environment the server's without the hub's
+credentials, plus the group's token for its agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jupyterhub.spawner import set_user_setuid
+
+from gputap_common import clock
+
+from ..core.placement import FreeView, Placement, Request
+from ..core.record import ServerRecord
+from ..core.workers import Worker
+from .environments import singleuser_of
+from .reaper import reaper_command
+
+if TYPE_CHECKING:
+    from .spawner import GPULocalSpawner
+
+AGENT = "gputap-worker"
+#: how long a worker has to end after SIGTERM before its process group is killed
+STOP_GRACE_SECONDS = 10.0
+#: how often a worker the hub did not start itself (re-attached) is looked for
+REATTACHED_POLL_SECONDS = 1.0
+#: variables of the server's environment a worker does not get (the hub's credentials)
+HUB_ONLY = ("JUPYTERHUB_", "JPY_")
+
+
+def worker_host(index: int) -> str:
+    """``127.0.0.(K+1)``: worker K's own loopback address."""
+    if not 1 <= index <= 253:
+        raise ValueError(f"worker index {index} has no loopback address")
+    return f"127.0.0.{index + 1}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def ended_how(code: int | None) -> str:
+    """How a worker's process ended, as a user reads it."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        return f"was killed (signal {-code})"
+    if code > 128:
+        return f"was killed (signal {code - 128})"
+    return "exited" if code == 0 else f"exited with code {code}"
+
+
+def agent_program(python: str, server_cmd: list[str]) -> str:
+    """The environment's agent: beside its ``jupyterhub-singleuser`` (``python``), or beside
+    the configured server command's, else on PATH."""
+    if python:
+        return str(singleuser_of(python).parent / AGENT)
+    for part in server_cmd:
+        if part.endswith("jupyterhub-singleuser") and os.path.isabs(part):
+            return str(Path(part).parent / AGENT)
+    return shutil.which(AGENT) or AGENT
+
+
+def _pid_runs_agent(pid: int) -> bool:
+    """Whether ``pid`` is still the reaper of a worker's agent (a reused pid is not)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"spawner.local.reaper" in cmdline and AGENT.encode() in cmdline
+
+
+class LocalWorkers:
+    """The one-machine backend of a server's workers."""
+
+    def __init__(self, spawner: GPULocalSpawner):
+        self.spawner = spawner
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+
+    # -- devices --------------------------------------------------------------------------
+
+    async def views(self, request: Request) -> tuple[Callable[[], FreeView], FreeView]:
+        pool = await self.spawner.pool()
+        await self.spawner.reread(pool)
+        return pool.free_view, pool.free_view()
+
+    def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
+        self.spawner.take_devices(placement, record, holder)
+
+    def release(self, record: ServerRecord, holder: str) -> None:
+        self.spawner.release_devices(record, holder=holder)
+
+    def rendezvous_host(self) -> str:
+        return "127.0.0.1"
+
+    # -- processes ------------------------------------------------------------------------
+
+    def _env(self, worker: Worker, token: str) -> dict[str, str]:
+        env = {k: v for k, v in self.spawner.get_env().items() if not k.startswith(HUB_ONLY)}
+        record = worker.record
+        visible = ",".join(record.devices)
+        env.update(
+            CUDA_VISIBLE_DEVICES=visible,
+            NVIDIA_VISIBLE_DEVICES=visible or "void",
+            GPUTAP_OFFERING=record.offering,
+            GPUTAP_GPU_COUNT=str(record.count if visible else 0),
+            GPUTAP_SIMULATED="1" if record.simulated else "0",
+            GPUTAP_WORKER_NAME=worker.name,
+            GPUTAP_WORKER_TOKEN=token,
+        )
+        return env
+
+    def _preexec(self) -> Callable[[], None]:
+        if self.spawner.run_as_system_user:
+            return set_user_setuid(self.spawner.user.name)  # its uid, groups and home
+        home = self.spawner.home_dir
+
+        def preexec() -> None:
+            os.makedirs(home, 0o700, exist_ok=True)
+            os.chdir(home)
+
+        return preexec
+
+    async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
+        spawner = self.spawner
+        host = worker_host(worker.index)
+        port = free_port(host)
+        program = agent_program(spawner.server_environment.python, list(spawner.cmd))
+        command = [*reaper_command(), program, "--host", host, "--port", str(port)]
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            "--name",
+            worker.name,
+            env=self._env(worker, token),
+            preexec_fn=self._preexec(),
+            start_new_session=True,  # its own process group, ended as a whole
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        self._procs[worker.index] = proc
+        worker.handle["pid"] = proc.pid
+        spawner.log.info(
+            "%s#%s: started pid %s on %s", spawner.who, worker.name, proc.pid, ",".join(
+                worker.record.devices) or "no GPU"
+        )  # fmt: skip
+        return host, port
+
+    async def wait(self, worker: Worker) -> tuple[datetime, str]:
+        proc = self._procs.get(worker.index)
+        if proc is not None and proc.pid == worker.handle.get("pid"):
+            code = await proc.wait()
+            self._procs.pop(worker.index, None)
+            return clock.utcnow(), ended_how(code)
+        pid = int(worker.handle.get("pid") or 0)
+        # re-attached after a hub restart: not the hub's child, so looked for
+        while pid and _pid_runs_agent(pid):  # noqa: ASYNC110 (no event tells a pid's end)
+            await asyncio.sleep(REATTACHED_POLL_SECONDS)
+        return clock.utcnow(), "ended"
+
+    async def stop(self, worker: Worker) -> None:
+        """SIGTERM to its process group (the reaper passes it on; the agent ends its job),
+        SIGKILL after STOP_GRACE_SECONDS."""
+        pid = int(worker.handle.get("pid") or 0)
+        if not pid:
+            return
+        _kill_group(pid, signal.SIGTERM)
+        deadline = asyncio.get_running_loop().time() + STOP_GRACE_SECONDS
+        while _alive(pid, self._procs.get(worker.index)):
+            if asyncio.get_running_loop().time() > deadline:
+                _kill_group(pid, signal.SIGKILL)
+                break
+            await asyncio.sleep(0.1)
+
+    def still_runs(self, worker: Worker, holder: str) -> bool:
+        pid = int(worker.handle.get("pid") or 0)
+        if not pid or not _pid_runs_agent(pid):
+            return False
+        self.spawner.claim_devices(worker.record, holder)
+        return True
+
+
+def _alive(pid: int, proc: Any) -> bool:
+    if proc is not None:
+        return proc.returncode is None
+    return _pid_runs_agent(pid)
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
