@@ -37,6 +37,7 @@ from tests.helm.test_install_doc import copy_chart
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "gputap"
 IMAGES = ROOT / "images"
+LAB = ROOT / "extensions" / "gputap-lab"
 INSTALL_DOC = ROOT / "docs" / "install-kubernetes.md"
 VENDOR = ROOT.parent / "shared" / "vendor" / "helm"
 VENDORED = VENDOR / "jupyterhub-4.4.0.tgz"
@@ -286,7 +287,7 @@ def test_the_rendered_pods_run_the_images_values_name(chart_dir, values_file):
 # --- the single-user image's Python packages: what a server on one machine runs ---
 
 
-def test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges():
+def test_the_singleuser_image_pins_the_servers_packages_inside_gputaps_ranges():
     runs = [a for i, a in dockerfile("singleuser").final.instructions if i == "RUN" and "pip" in a]
     installed = {}
     for run in runs:
@@ -294,11 +295,21 @@ def test_the_singleuser_image_installs_the_servers_packages_at_gputaps_ranges():
             if re.match(r"[A-Za-z]", word) and re.search(r"[<>=]", word):
                 req = Requirement(word)
                 installed[canonicalize_name(req.name)] = req.specifier
-    ours = gputap_requirements()
-    for name in SERVER_PACKAGES:
-        key = canonicalize_name(name)
-        assert key in installed, f"images/singleuser/Dockerfile does not install {name}"
-        assert installed[key] == ours[key].specifier, (name, installed[key], ours[key])
+    # every package it names is pinned to one version (an image rebuilt next month is the same)
+    for key, specifier in installed.items():
+        (spec,) = specifier
+        assert spec.operator == "==" and "*" not in spec.version, (key, str(specifier))
+    # inside the ranges of gputap (the servers' packages) and of gputap-lab (its dependencies)
+    lab = tomllib.loads((LAB / "pyproject.toml").read_text())["project"]["dependencies"]
+    ranges = {
+        canonicalize_name(name): gputap_requirements()[canonicalize_name(name)]
+        for name in SERVER_PACKAGES
+    }
+    ranges.update({canonicalize_name(r.name): r for r in map(Requirement, lab)})
+    for key, requirement in ranges.items():
+        assert key in installed, f"images/singleuser/Dockerfile does not pin {key}"
+        (spec,) = installed[key]
+        assert Version(spec.version) in requirement.specifier, (key, spec.version, requirement)
     # the servers' config (apps, no update checks) and the apps' icons go with it
     copies = [a for i, a in dockerfile("singleuser").final.instructions if i == "COPY"]
     assert any(a.startswith("hub_config/singleuser/ ") for a in copies), copies
@@ -324,7 +335,7 @@ def declared_environments() -> dict[str, dict]:
 
 
 def pinned_versions(name: str) -> dict[str, str]:
-    """package -> the version (or X.Y.* prefix) images/NAME/Dockerfile pins it to with ==."""
+    """package -> the version images/NAME/Dockerfile pins it to with ==."""
     pins = {}
     for instr, args in dockerfile(name).final.instructions:
         if instr != "RUN":
@@ -354,12 +365,12 @@ def test_each_environment_image_is_pinned_on_the_singleuser_image_and_built_as_r
     readme = (IMAGES / "README.md").read_text()
     built = f"docker build -f images/{name}/Dockerfile -t gputap/{name}:{app_version} ."
     assert built in readme and built in INSTALL_DOC.read_text()
-    # every package it adds is pinned (== a version, or a X.Y.* series)
+    # every package it adds is pinned to one version (not a range, not an X.Y.* series)
     for instr, args in image.final.instructions:
         if instr == "RUN" and "pip install" in args:
             for word in shlex.split(args):
                 if re.match(r"[A-Za-z]", word):
-                    assert "==" in word or word in ("install",) or word.startswith("/"), word
+                    assert ("==" in word and "*" not in word) or word == "install", word
 
 
 def test_the_catalog_and_the_environment_images_agree():
