@@ -106,7 +106,8 @@ class LedgerAccount(IntegerKey, Base):
 
 
 class BillingSession(Base):
-    """One metered server run. The price is fixed here when it starts.
+    """One metered server run, or one run of a worker of a server's group (``worker``
+    ``wK``; "" for the server itself). The price is fixed here when it starts.
 
     ``charged_micro`` is what its charge transactions have taken so far (interval charges
     while it runs, the final one at stop); ``last_seen_at`` is the last time billing saw its
@@ -145,6 +146,8 @@ class BillingSession(Base):
     price_book_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     #: the environment its server ran (the spawner's key, or ``image:`` and a free-text image)
     environment: Mapped[str] = mapped_column(String(300), default="", server_default="")
+    #: the scale-out worker (``wK``) of ``server_name`` this session meters, "" for the server
+    worker: Mapped[str] = mapped_column(String(8), default="", server_default="")
 
 
 class LedgerTransaction(IntegerKey, Base):
@@ -229,6 +232,8 @@ class Course(Base):
     timezone: Mapped[str] = mapped_column(String(64))
     #: the environment its students' servers run (the hub's key), "" for none pinned
     environment: Mapped[str] = mapped_column(String(63), default="", server_default="")
+    #: workers a student's server may scale out to (per server); 0 forbids scale-out
+    max_workers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_by: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime]
     archived_at: Mapped[datetime | None]

@@ -43,11 +43,14 @@ COURSE_FIELDS = (
     "reset_time",
     "timezone",
     "environment",
+    "max_workers",
 )
 #: an environment's key, as the hub's settings name it (environments.KEY)
 ENVIRONMENT_KEY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 MAX_WEEKLY_HOURS = 168
 MAX_GPUS = 64
+#: the most workers a course may let each of its students' servers scale out to
+MAX_WORKERS = 64
 WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 #: failed join attempts per user allowed within JOIN_WINDOW before joining is refused
 JOIN_ATTEMPTS = 5
@@ -71,6 +74,8 @@ class CourseRules:
     timezone: str
     #: the environment its students' servers run ("": the one they choose)
     environment: str
+    #: workers each of its students' servers may scale out to; 0 forbids scale-out
+    max_workers: int
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,7 @@ def course_rules(
         )
     return CourseRules(
         environment=environment,
+        max_workers=max_workers_field(body.get("max_workers", 0)),
         name=name.strip(),
         weekly_seconds=round(weekly * 3600),
         allowed=tuple(dict.fromkeys(allowed)),
@@ -177,6 +183,16 @@ def course_rules(
         reset_time=reset.strftime("%H:%M"),
         timezone=zone,
     )
+
+
+def max_workers_field(value: object) -> int:
+    """A course's ``max_workers``: a whole number from 0 (no scale-out) to MAX_WORKERS."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WORKERS:
+        raise ValueError(
+            f"max_workers must be a whole number from 0 (its students' servers may not scale "
+            f"out) to {MAX_WORKERS} (workers per server)"
+        )
+    return value
 
 
 def slug_of(name: str) -> str:

@@ -38,10 +38,18 @@ class SessionRecord:
     fallback: bool = False
     #: the environment the server ran ("" before environments were recorded)
     environment: str = ""
+    #: the scale-out worker (``wK``) of ``server_name`` it meters, "" for the server itself
+    worker: str = ""
 
     @property
     def rate_per_hour_micro(self) -> int:
         return self.price_per_hour_micro * self.count
+
+    @property
+    def is_worker(self) -> bool:
+        """A worker of a server's group: stopped before servers, looked up among the
+        server's workers by the reconciler."""
+        return bool(self.worker)
 
     @property
     def is_storage(self) -> bool:

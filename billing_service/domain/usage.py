@@ -26,6 +26,8 @@ CSV_COLUMNS = (
     "billed_seconds",
     "cost",
     "state",
+    # last, so readers of the columns before scale-out read them where they were
+    "worker",
 )
 
 
@@ -100,6 +102,7 @@ def usage_csv(sessions: list[SessionRecord], now: datetime) -> str:
                 s.seconds_at(now),
                 format_credits(s.cost_at(now)),
                 "ended" if s.ended_at else "running",
+                s.worker,
             )
             for s in sessions
         ),

@@ -15,6 +15,7 @@ and rules are not disclosed to others.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from datetime import datetime, time
 from typing import Any
@@ -24,12 +25,20 @@ from tornado import web
 
 from gputap_common.scopes import BILLING_INSTRUCTOR
 
-from ..domain.courses import COURSE_FIELDS, CourseRecord, course_rules, slug_of
+from ..domain.courses import (
+    COURSE_FIELDS,
+    CourseRecord,
+    course_rules,
+    max_workers_field,
+    slug_of,
+)
 from ..domain.errors import JoinRateLimited
 from ..domain.usage import csv_text
 from .base import APIHandler
 from .fields import MAX_LENGTH, check_text, optional_text, text_field
 from .views import course_view, student_course_view, transaction_view
+
+log = logging.getLogger("billing")
 
 
 class CourseHandler(APIHandler):
@@ -115,6 +124,21 @@ class CourseDetailHandler(CourseHandler):
     async def get(self, slug: str) -> None:
         course, full = await self.course_for(slug, teach=False)
         self.write_json(course_view(course, full=full))
+
+    @web.authenticated
+    async def patch(self, slug: str) -> None:
+        """Edit a course's rules; ``max_workers`` is the one that may change after creation."""
+        await self.course_for(slug, teach=True)
+        body = self.body(("max_workers",))
+        if "max_workers" not in body:
+            raise web.HTTPError(400, "Missing field 'max_workers': the rule to change")
+        try:
+            max_workers = max_workers_field(body["max_workers"])
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
+        course = await self.blocking(self.store.set_max_workers, slug, max_workers)
+        log.info("Course %s: max_workers set to %s by %s", slug, max_workers, self.caller)
+        self.write_json(course_view(course, full=True))
 
 
 class ArchiveHandler(CourseHandler):

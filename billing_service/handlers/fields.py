@@ -15,6 +15,7 @@ from typing import Any
 from tornado import web
 
 from gputap_common.bodies import BodyRefused, json_object, shown
+from gputap_common.names import WORKER_RULE, is_worker_name
 
 from ..domain.money import EARLIEST_TIME, LATEST_TIME, MAX_COUNT
 from ..domain.pricing import ON_DEMAND, PRICE_CLASSES
@@ -92,6 +93,19 @@ def text_field(body: dict[str, Any], key: str, *, empty_ok: bool = False) -> str
     if not empty_ok and not value.strip():
         raise web.HTTPError(400, f"Field {key!r} must not be empty")
     return check_text(value, f"Field {key!r}", MAX_LENGTH.get(key, DEFAULT_MAX_LENGTH))
+
+
+def worker_field(body: dict[str, Any]) -> str:
+    """A scale-out worker's name (``w1`` to ``w999``), or "" (absent, null or "") for a
+    server's own session; 400 naming the field and its form otherwise."""
+    value = body.get("worker")
+    if value is None or value == "":
+        return ""
+    if not is_worker_name(value):
+        raise web.HTTPError(
+            400, f"Field 'worker' must be a worker's name, {WORKER_RULE}, not {shown(value, 20)}"
+        )
+    return value
 
 
 def count_field(body: dict[str, Any]) -> int:

@@ -9,10 +9,18 @@ import logging
 from tornado import web
 
 from gputap_common.money import format_credits
+from gputap_common.names import worker_label
 
 from .. import metrics
 from .base import APIHandler
-from .fields import SPAWN_FIELDS, optional_text, spawn_fields, text_field, time_field
+from .fields import (
+    SPAWN_FIELDS,
+    optional_text,
+    spawn_fields,
+    text_field,
+    time_field,
+    worker_field,
+)
 from .views import hold_view, session_view
 
 log = logging.getLogger("billing")
@@ -76,7 +84,7 @@ class SessionsHandler(APIHandler):
     async def post(self) -> None:
         self.require_hub()
         body = self.body(
-            (*SPAWN_FIELDS, "id", "server_name", "started_at", "hold_id", "environment")
+            (*SPAWN_FIELDS, "id", "server_name", "started_at", "hold_id", "environment", "worker")
         )
         session_id = text_field(body, "id")
         spawn = spawn_fields(body)
@@ -84,6 +92,7 @@ class SessionsHandler(APIHandler):
         started_at = time_field(body, "started_at")
         hold_id = optional_text(body, "hold_id")
         environment = optional_text(body, "environment") or ""
+        worker = worker_field(body)
         now = self.now()
         session, created = await self.blocking(
             self.store.start_session,
@@ -93,6 +102,7 @@ class SessionsHandler(APIHandler):
             now=now,
             hold_id=hold_id,
             environment=environment,
+            worker=worker,
             **spawn,
         )
         if created and session.is_storage:
@@ -106,10 +116,9 @@ class SessionsHandler(APIHandler):
             )
         elif created:
             log.info(
-                "Started session %s of %s/%s: %s x %s at %s/h",
+                "Started session %s of %s: %s x %s at %s/h",
                 session.id,
-                session.username,
-                session.server_name,
+                worker_label(session.username, session.server_name, session.worker),
                 session.count,
                 session.sku,
                 format_credits(session.price_per_hour_micro),
@@ -128,10 +137,9 @@ class SessionStopHandler(APIHandler):
         if session.ended_at == ended_at:
             metrics.CHARGES_POSTED.labels("final").inc()
         log.info(
-            "Settled session %s of %s/%s: %s s, %s credits",
+            "Settled session %s of %s: %s s, %s credits",
             session.id,
-            session.username,
-            session.server_name,
+            worker_label(session.username, session.server_name, session.worker),
             session.billed_seconds,
             format_credits(session.cost_micro or 0),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields
 from datetime import datetime
 from typing import Any
@@ -75,6 +76,7 @@ def session_view(
         "id": session.id,
         "username": session.username,
         "server_name": session.server_name,
+        "worker": session.worker,
         "sku": session.sku,
         "count": session.count,
         "price_per_hour_micro": session.price_per_hour_micro,
@@ -189,9 +191,44 @@ def account_view(
         ],
         "running": [session_view(s, now) for s in state.servers],
         "storage": [session_view(s, now) for s in state.disks],
+        "groups": groups_view(state.servers),
         **money_view(state, now),
         "as_of": now.isoformat(),
     }
+
+
+def groups_view(sessions: Iterable[SessionRecord]) -> list[dict[str, Any]]:
+    """The scale-out worker groups among running ``sessions``: per server with running
+    workers, its workers (by number) and what they cost per hour together (the server's own
+    session is not in it: it is listed in ``running`` with the workers)."""
+    by_server: dict[str, list[SessionRecord]] = {}
+    for s in sessions:
+        if s.is_worker and s.ended_at is None:
+            by_server.setdefault(s.server_name, []).append(s)
+    groups = []
+    for server, workers in sorted(by_server.items()):
+        workers.sort(key=lambda s: int(s.worker[1:]))
+        rate = sum(s.rate_per_hour_micro for s in workers)
+        groups.append(
+            {
+                "server": server,
+                "workers": [
+                    {
+                        "worker": s.worker,
+                        "session_id": s.id,
+                        "offering": s.sku,
+                        "count": s.count,
+                        "rate_per_hour_micro": s.rate_per_hour_micro,
+                        "rate_per_hour": format_credits(s.rate_per_hour_micro),
+                        "started_at": _iso(s.started_at),
+                    }
+                    for s in workers
+                ],
+                "rate_per_hour_micro": rate,
+                "rate_per_hour": format_credits(rate),
+            }
+        )
+    return groups
 
 
 def _credits(**amounts: int) -> dict[str, Any]:
@@ -278,6 +315,7 @@ def course_view(course: CourseRecord, *, full: bool) -> dict[str, Any]:
         "weekly_hours": course.weekly_seconds / 3600,
         "allowed": list(course.allowed),
         "max_concurrent_gpus": course.max_concurrent_gpus,
+        "max_workers": course.max_workers,
         "reset_weekday": WEEKDAYS[course.reset_weekday],
         "reset_time": course.reset_time,
         "timezone": course.timezone,

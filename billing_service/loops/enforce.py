@@ -1,8 +1,9 @@
-"""Enforcement: stop servers through the hub before credit runs out.
+"""Enforcement: stop workers and servers through the hub before credit runs out.
 
 The stop goes through gputap's stop endpoint beside the hub's REST API
 (``POST {hub}/gputap/api/users/{u}/server[s/{name}]/stop``, which answers as JupyterHub's
-``DELETE`` does), so the user is told that credit ran out (docs/lab.md).
+``DELETE`` does), so the user is told that credit ran out (docs/lab.md); a scale-out worker's
+through its own (``.../workers/{wK}/stop``), asked before any server's of the same pass.
 
 :func:`~billing_service.domain.enforcement.sessions_to_stop` is the pure decision;
 :class:`Enforcer` runs it periodically and asks the hub to stop servers. The hub's spawner then
@@ -21,11 +22,12 @@ from datetime import datetime, timedelta
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from gputap_common import clock
+from gputap_common.names import worker_label
 
 from .. import metrics
 from ..domain.enforcement import sessions_to_stop
 from ..domain.records import AccountState, SessionRecord
-from .hub_api import HubAPI, stop_url
+from .hub_api import HubAPI, stop_url, worker_stop_url
 from .repeat import Loop
 
 log = logging.getLogger("billing.enforce")
@@ -58,9 +60,16 @@ class Enforcer(Loop):
         self._requested: dict[str, datetime] = {}
 
     async def stop_server(self, session: SessionRecord) -> bool:
-        """Ask the hub to stop the session's server; False when the hub refused."""
-        target = f"{session.username}/{session.server_name}"
-        url = stop_url(self.hub.api_url, session.username, session.server_name)
+        """Ask the hub to stop the session's server, or its worker for a worker's session;
+        False when the hub refused."""
+        if session.is_worker:
+            target = worker_label(session.username, session.server_name, session.worker)
+            url = worker_stop_url(
+                self.hub.api_url, session.username, session.server_name, session.worker
+            )
+        else:
+            target = f"{session.username}/{session.server_name}"
+            url = stop_url(self.hub.api_url, session.username, session.server_name)
         try:
             response = await self.hub.fetch(url, "POST")
         except HTTPClientError as e:
@@ -91,8 +100,12 @@ class Enforcer(Loop):
             if session.id not in self._requested:
                 self._requested[session.id] = now
                 requested.append(session)
-        # the hub is asked for every stop at once: one slow answer does not delay the rest
-        await asyncio.gather(*(self.stop_server(session) for session in requested))
+        # the hub is asked for every stop at once (one slow answer does not delay the rest),
+        # the workers' first: a server stopped with its workers is asked after them
+        for workers in (True, False):
+            await asyncio.gather(
+                *(self.stop_server(s) for s in requested if s.is_worker == workers)
+            )
         metrics.ENFORCEMENT_STOPS.inc(len(requested))
         metrics.CYCLE_SECONDS.labels("enforce").observe(time.perf_counter() - started)
         return requested

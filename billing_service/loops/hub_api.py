@@ -1,5 +1,6 @@
 """The hub's REST API as billing's loops call it: the service's token on every request, and
-the URLs of a user, of a server, and of gputap's stop endpoint for a server."""
+the URLs of a user, of a server, of gputap's stop endpoint for a server, and of gputap's
+workers API of a server (its workers, and the stop of one)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,28 @@ def server_url(api_url: str, username: str, server_name: str) -> str:
     return f"{user}/servers/{quote(server_name, safe='')}"
 
 
+def gputap_server_url(api_url: str, username: str, server_name: str) -> str:
+    """``username``'s server under gputap's API beside the hub's REST API
+    (``{base}/hub/gputap/api/users/{user}/server[s/{name}]``)."""
+    base = api_url.rstrip("/")
+    base = base[: -len("/api")] if base.endswith("/api") else base
+    return server_url(f"{base}/gputap/api", username, server_name)
+
+
 def stop_url(api_url: str, username: str, server_name: str) -> str:
     """gputap's stop endpoint for ``username``'s server, beside the hub's REST API: a stop
     asked there records that billing asked (credit ran out), which the user is then told."""
-    base = api_url.rstrip("/")
-    base = base[: -len("/api")] if base.endswith("/api") else base
-    return server_url(f"{base}/gputap/api", username, server_name) + "/stop"
+    return gputap_server_url(api_url, username, server_name) + "/stop"
+
+
+def workers_url(api_url: str, username: str, server_name: str) -> str:
+    """gputap's list of the workers of ``username``'s server (404: no such server)."""
+    return gputap_server_url(api_url, username, server_name) + "/workers"
+
+
+def worker_stop_url(api_url: str, username: str, server_name: str, worker: str) -> str:
+    """gputap's stop endpoint for one worker (``wK``) of ``username``'s server."""
+    return f"{workers_url(api_url, username, server_name)}/{quote(worker, safe='')}/stop"
 
 
 class HubAPI:

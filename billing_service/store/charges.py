@@ -39,6 +39,7 @@ CHARGE_COLUMNS = (
     SESSIONS.c.charged_micro,
     SESSIONS.c.course,
     SESSIONS.c.fallback,
+    SESSIONS.c.worker,
 )
 
 
@@ -48,12 +49,13 @@ def _postgresql(db: Session) -> bool:
 
 def charge_columns(row: Any) -> postings.TransactionColumns:
     """What a charge transaction of session ``row`` says: its owner, the session, and whose
-    server it is and what it holds."""
+    server (or worker of it) it is and what it holds."""
+    worker = f"#{row.worker}" if row.worker else ""
     return {
         "kind": ledger.CHARGE,
         "account_id": row.account_id,
         "session_id": row.id,
-        "memo": f"{row.username}/{row.server_name}: {row.count} x {row.sku}",
+        "memo": f"{row.username}/{row.server_name}{worker}: {row.count} x {row.sku}",
     }
 
 

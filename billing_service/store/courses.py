@@ -141,6 +141,15 @@ def archive_course(db: Session, slug: str, now: datetime) -> CourseRecord:
 
 
 @writes
+def set_max_workers(db: Session, slug: str, max_workers: int) -> CourseRecord:
+    """Change how many workers each of the course's students' servers may scale out to
+    (0: none); running workers are left running (the hub checks at the next scale-out)."""
+    row = course_row(db, slug)
+    row.max_workers = max_workers
+    return course_of(db, row)
+
+
+@writes
 def enroll(
     db: Session, slug: str, username: str, source: str, now: datetime, *, terms: Terms
 ) -> bool:

@@ -1,5 +1,6 @@
-"""Sessions on the database: a server's (or data disk's) start, priced by the book in force
-then, and its stop, settled with the final charge; what is open and was seen running.
+"""Sessions on the database: a server's (or its scale-out worker's, or a data disk's) start,
+priced by the book in force then, and its stop, settled with the final charge; what is open
+and was seen running.
 
 Storage sessions (price class "storage", sku "disk", count = GB) are data disks, metered from
 creation to deletion and charged exactly like servers, from the user's own credit (trial, then
@@ -46,6 +47,7 @@ def start_session(
     hold_id: str | None = None,
     course: str = "",
     environment: str = "",
+    worker: str = "",
     terms: Terms,
 ) -> Saved[SessionRecord]:
     """Record a started server, priced by the book in force when it started; the same id
@@ -55,10 +57,14 @@ def start_session(
 
     A data disk's storage session (sku "disk", price class "storage", count = GB) is named
     "disk:NAME" and takes neither a hold nor a course (``ValueError`` otherwise).
-    ``environment`` is what the server runs, as the spawner names it."""
+    ``environment`` is what the server runs, as the spawner names it; ``worker`` the
+    scale-out worker (``wK``, checked by the handler) of ``server_name`` it meters, "" for
+    the server itself: a server and each of its workers have an open session of their own."""
     check_price_class(sku, price_class)
     if price_class == STORAGE:
         check_storage_session(server_name, hold_id, course)
+        if worker:
+            raise ValueError("worker: a data disk's storage session has no workers")
     existing = db.get(BillingSession, session_id)
     if existing is not None:
         # another source (the pod meter) opened it first: the spawner's hold is done
@@ -89,6 +95,7 @@ def start_session(
         course=course,
         price_book_version=version,
         environment=environment,
+        worker=worker,
     )
     db.add(row)
     db.flush()

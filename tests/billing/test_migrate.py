@@ -306,9 +306,12 @@ def test_two_replicas_charging_at_once_never_double_charge(database_url):
             store.engine.dispose()
 
 
-#: the columns revision e6b3d9a1c254 adds to sessions and courses, which the store writes
+#: the columns revisions e6b3d9a1c254 and a7d4c2e9f153 add to sessions and courses, which
+#: the store writes
 SESSION_ENVIRONMENT = "ALTER TABLE sessions ADD COLUMN environment VARCHAR(300) NOT NULL DEFAULT ''"
 COURSE_ENVIRONMENT = "ALTER TABLE courses ADD COLUMN environment VARCHAR(63) NOT NULL DEFAULT ''"
+SESSION_WORKER = "ALTER TABLE sessions ADD COLUMN worker VARCHAR(8) NOT NULL DEFAULT ''"
+COURSE_MAX_WORKERS = "ALTER TABLE courses ADD COLUMN max_workers INTEGER NOT NULL DEFAULT 0"
 
 
 def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
@@ -321,6 +324,7 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
         command.upgrade(_config(connection), before)
         # this code writes the column a later revision adds to sessions: here for it alone
         connection.execute(text(SESSION_ENVIRONMENT))
+        connection.execute(text(SESSION_WORKER))
     # this code on that revision's tables: open_database would refuse them, rightly
     store = Store(
         engine,
@@ -339,6 +343,7 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
         )
         db.execute(text("DELETE FROM ledger_accounts WHERE code LIKE 'system:revenue:%'"))
         db.execute(text("ALTER TABLE sessions DROP COLUMN environment"))
+        db.execute(text("ALTER TABLE sessions DROP COLUMN worker"))
 
     upgrade_database(engine)
     engine.dispose()
@@ -392,6 +397,7 @@ def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
     with engine.begin() as connection:
         command.upgrade(_config(connection), "b5e1c7d93a02")
         connection.execute(text(COURSE_ENVIRONMENT))  # what this code writes, for it alone
+        connection.execute(text(COURSE_MAX_WORKERS))
     store = Store(
         engine,
         make_price_book(load_settings(environ={}).billing["prices"]),
@@ -406,7 +412,40 @@ def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
     with store.engine.begin() as db:  # as that revision let it be written
         db.execute(text("UPDATE courses SET github_team = 'Acme:DL-2025' WHERE slug = 'dl'"))
         db.execute(text("ALTER TABLE courses DROP COLUMN environment"))
+        db.execute(text("ALTER TABLE courses DROP COLUMN max_workers"))
     upgrade_database(engine)
     with engine.connect() as db:
         teams = dict(db.execute(text("SELECT slug, github_team FROM courses")).all())
     assert teams == {"dl": "acme:dl-2025", "x": None}
+
+
+def test_sessions_and_courses_before_scale_out_are_servers_and_forbid_it(database_url):
+    """Before a7d4c2e9f153 every session was a server's own and no course let its servers
+    scale out: upgrading gives them worker "" and max_workers 0; downgrading drops both."""
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        command.upgrade(_config(connection), "e6b3d9a1c254")
+        connection.execute(text(SESSION_WORKER))  # what this code writes, for it alone
+        connection.execute(text(COURSE_MAX_WORKERS))
+    store = Store(
+        engine,
+        make_price_book(load_settings(environ={}).billing["prices"]),
+        trial_credit_micro=10_000_000,
+        min_billable_seconds=300,
+    )
+    store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
+    store.create_course("prof", course_rules({"name": "DL", "allowed": ["T4"]}, {"T4"}), "dl", T0,
+                        join_code=False)  # fmt: skip
+    with store.engine.begin() as db:  # as that revision wrote them
+        db.execute(text("ALTER TABLE sessions DROP COLUMN worker"))
+        db.execute(text("ALTER TABLE courses DROP COLUMN max_workers"))
+    upgrade_database(engine)
+    assert schema_diff(engine) == []
+    with engine.connect() as db:
+        assert db.execute(text("SELECT id, worker FROM sessions")).all() == [("s1", "")]
+        assert db.execute(text("SELECT slug, max_workers FROM courses")).all() == [("dl", 0)]
+    with engine.begin() as connection:
+        command.downgrade(_config(connection), "e6b3d9a1c254")
+    columns = {c["name"] for c in inspect(engine).get_columns("sessions")}
+    assert "worker" not in columns and "environment" in columns
+    engine.dispose()
