@@ -477,7 +477,7 @@ def test_usage_csv_holds_metrics_and_the_ledger_check(as_hub, as_ops, hub):
     header, row = r.text.splitlines()
     assert header.startswith("session_id,username,server_name,sku,count")
     assert row.startswith("u1,nia,,A100-80GB,2,on-demand,,8.00,2025-03-01T23:00:00+00:00")
-    assert row.endswith(",9000,40.00,ended")
+    assert row.endswith(",9000,40.00,ended,")  # and no worker: a server
     r = as_ops("GET", "api/usage", params={"since": "yesterday"})
     assert r.status_code == 400 and "ISO 8601" in r.json()["message"]
 

@@ -50,6 +50,7 @@ ADMIN_ONLY = {
     "checkLedger",
     # running courses: instructors and admins; the hub only reads them
     "createCourse",
+    "editCourse",
     "makeInstructor",
     "archiveCourse",
     "listStudents",
