@@ -30,10 +30,16 @@ class _WorkersAPI(ServerAPIHandler):
         return has_scope(f"servers!server={owner}/{name}", self.parsed_scopes, db=self.db)
 
     def _why(self, owner: str) -> str:
+        """Why the workers stop, as their state's reason says it."""
         caller = self.current_user
-        service = caller.name if isinstance(caller, orm.Service) else None
-        person = None if service else caller.name
-        return stops.asked_by(service, person, owner, None)(clock.utcnow()).message
+        at = stops.clock_time(clock.utcnow())
+        if isinstance(caller, orm.Service):
+            if caller.name == stops.BILLING_SERVICE:
+                return f"Stopped at {at}: your credit ran out."
+            return f"Stopped at {at} by the service {caller.name}."
+        if caller.name == owner:
+            return f"You stopped it at {at}."
+        return f"An admin ({caller.name}) stopped it at {at}."
 
 
 class WorkersHandler(_WorkersAPI):
