@@ -32,6 +32,7 @@ from .api import EVENT, NODE, POD, STORAGE_CLASS, Api
 from .faults import Faults
 from .kubelet import Kubelet
 from .netns import PodNetwork
+from .owners import OwnerReferencesPermissionEnforcement
 from .rbac import AuditRecord, Rbac
 from .scheduler import Scheduler
 from .server import end_watches, make_app
@@ -346,6 +347,11 @@ class SimulatedCluster:
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
+        # not in kube-apiserver's default set, but on in OpenShift and some managed clusters:
+        # enforced here, what passes the simulation passes there
+        self.api.validating_admission.append(
+            OwnerReferencesPermissionEnforcement(self.rbac.admission_check)
+        )
         for storage_class in STANDARD_CLASSES if storage_classes is None else storage_classes:
             self.api.create(STORAGE_CLASS, "", storage_class)
         self.volumes = Volumes(self.api, images, nfs_exports=nfs_exports)
@@ -594,7 +600,8 @@ class SimulatedCluster:
 
     @property
     def audit(self) -> list[AuditRecord]:
-        """Every API request so far, oldest first: who, what, where, and the rule allowing it."""
+        """Every API request so far, oldest first: who, what, where, and the rule allowing it;
+        with the checks OwnerReferencesPermissionEnforcement made of a requester's rights."""
         return list(self.rbac.audit)
 
     def kubeconfig_dict(self, namespace: str = "default", token: str = "") -> dict[str, Any]:
