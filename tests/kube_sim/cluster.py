@@ -30,6 +30,7 @@ from tornado.netutil import bind_sockets
 
 from .api import EVENT, NODE, POD, STORAGE_CLASS, Api
 from .faults import Faults
+from .gc import GarbageCollector
 from .kubelet import Kubelet
 from .netns import PodNetwork
 from .owners import OwnerReferencesPermissionEnforcement
@@ -344,6 +345,7 @@ class SimulatedCluster:
         storage_classes: list[Obj] | None = None,
         scheduler_names: tuple[str, ...] = ("default-scheduler",),
         nfs_exports: dict[str, str] | None = None,
+        gc_delay: float = 0.1,
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
@@ -366,6 +368,7 @@ class SimulatedCluster:
         self._scheduler_names = scheduler_names
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
+        self.gc = GarbageCollector(self.api, gc_delay)
         self.network = PodNetwork()
         self._server: tornado.httpserver.HTTPServer | None = None
         self._tls_servers: list[tornado.httpserver.HTTPServer] = []
@@ -402,6 +405,7 @@ class SimulatedCluster:
         self._server.add_sockets(sockets)
         self.scheduler.start()
         self.kubelet.start()
+        self.gc.start()
         log.info("simulated cluster listening on %s", self.url)
         return self
 
@@ -440,6 +444,7 @@ class SimulatedCluster:
         for server in self._tls_servers:
             await server.close_all_connections()
         self._tls_servers = []
+        await self.gc.stop()
         if self.scheduler:
             await self.scheduler.stop()
         if self.kubelet:
