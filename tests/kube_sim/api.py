@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import copy
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from . import storage
+from . import owners, storage
 from .store import ApiError, Obj, Store, invalid, not_found, rfc3339, utcnow
 
 
@@ -84,7 +85,24 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 _MUTABLE_POD_SPEC = ("activeDeadlineSeconds", "tolerations", "containers", "initContainers")
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A client's write as validating admission plugins see it (admission.Attributes)."""
+
+    operation: str  # CREATE or UPDATE
+    rt: ResourceType
+    namespace: str
+    name: str
+    subresource: str
+    obj: Obj  # the object as it would be stored
+    old: Obj | None  # on UPDATE, the object as it is
+    user: Any  # whoever the authenticator said made the request
+
+
 def _validate(rt: ResourceType, obj: Obj) -> None:
+    # the object's metadata is validated before its kind's own fields, as ValidateObjectMeta
+    # comes first in every kind's validation
+    owners.check_owner_references(rt, obj)
     name = obj["metadata"].get("name") or obj["metadata"].get("generateName", "")
     spec = obj.get("spec") or {}
     if rt.kind == "Pod":
@@ -238,6 +256,9 @@ class Api:
 
     def __init__(self, store: Store | None = None):
         self.store = store or Store()
+        #: plugins that may refuse a client's create or update (ApiError) once it is valid;
+        #: writes from in-process controllers (scheduler, kubelet, collector) skip them
+        self.validating_admission: list[Callable[[Admission], None]] = []
         for ns in DEFAULT_NAMESPACES:
             self.create(NAMESPACE, "", {"metadata": {"name": ns}})
 
@@ -266,7 +287,8 @@ class Api:
         except ValueError as e:
             raise ApiError(400, "BadRequest", str(e)) from e
 
-    def create(self, rt: ResourceType, namespace: str, obj: Obj) -> Obj:
+    def create(self, rt: ResourceType, namespace: str, obj: Obj, requester: Any = None) -> Obj:
+        """POST; ``requester`` (a client's identity) puts it through validating admission."""
         obj = copy.deepcopy(obj)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta = obj.setdefault("metadata", {})
@@ -285,6 +307,8 @@ class Api:
             meta.pop("namespace", None)
         _validate(rt, obj)
         self._admit(rt, obj)
+        if requester is not None:
+            self._admission("CREATE", rt, namespace, "", obj, None, requester)
         created = self.store.create(obj, rt.plural)
         if rt.kind == "PersistentVolumeClaim":
             storage.reconcile_claim(self, created)
@@ -347,10 +371,32 @@ class Api:
             obj.setdefault("volumeBindingMode", "Immediate")
             obj.setdefault("reclaimPolicy", "Delete")
 
+    def _admission(
+        self,
+        operation: str,
+        rt: ResourceType,
+        namespace: str,
+        subresource: str,
+        obj: Obj,
+        old: Obj | None,
+        requester: Any,
+    ) -> None:
+        name = obj["metadata"].get("name") or ""
+        request = Admission(operation, rt, namespace, name, subresource, obj, old, requester)
+        for plugin in self.validating_admission:
+            plugin(request)
+
     def replace(
-        self, rt: ResourceType, namespace: str, name: str, obj: Obj, subresource: str = ""
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        obj: Obj,
+        subresource: str = "",
+        requester: Any = None,
     ) -> Obj:
-        """PUT: the status subresource changes only status; the main resource never does."""
+        """PUT: the status subresource changes only status; the main resource never does.
+        ``requester`` (a client's identity) puts it through validating admission."""
         current = self.get(rt, namespace, name)
         obj = copy.deepcopy(obj)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
@@ -385,6 +431,8 @@ class Api:
                     f'Kind:"{ref.get("kind", "")}", Name:"{ref.get("name", "")}"}}: cannot change '
                     "roleRef",
                 )
+        if requester is not None:
+            self._admission("UPDATE", rt, namespace, subresource, obj, current, requester)
         return self.store.replace(obj, rt.plural)
 
     @staticmethod
@@ -416,11 +464,20 @@ class Api:
             )
 
     def delete(
-        self, rt: ResourceType, namespace: str, name: str, grace_seconds: int | None = None
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        grace_seconds: int | None = None,
+        propagation: str = "Background",
     ) -> Obj:
-        """Delete; a pod on a node becomes Terminating until its kubelet removes it."""
+        """Delete; a pod on a node becomes Terminating until its kubelet removes it. Its
+        dependents go after it (gc.py), or with ``propagation`` "Orphan" lose their
+        references to it and stay ("Foreground" is carried out as "Background")."""
         current = self.get(rt, namespace, name)
         ns = namespace if rt.namespaced else ""
+        if propagation == "Orphan":
+            owners.orphan_dependents(self, current)
         if rt.kind == "Pod":
             if grace_seconds is None:
                 grace_seconds = current["spec"].get("terminationGracePeriodSeconds", 30)

@@ -30,8 +30,10 @@ from tornado.netutil import bind_sockets
 
 from .api import EVENT, NODE, POD, STORAGE_CLASS, Api
 from .faults import Faults
+from .gc import GarbageCollector
 from .kubelet import Kubelet
 from .netns import PodNetwork
+from .owners import OwnerReferencesPermissionEnforcement
 from .rbac import AuditRecord, Rbac
 from .scheduler import Scheduler
 from .server import end_watches, make_app
@@ -343,9 +345,15 @@ class SimulatedCluster:
         storage_classes: list[Obj] | None = None,
         scheduler_names: tuple[str, ...] = ("default-scheduler",),
         nfs_exports: dict[str, str] | None = None,
+        gc_delay: float = 0.1,
     ):
         self.api = Api(Store(history_size=history_size))
         self.rbac = Rbac(self.api)
+        # not in kube-apiserver's default set, but on in OpenShift and some managed clusters:
+        # enforced here, what passes the simulation passes there
+        self.api.validating_admission.append(
+            OwnerReferencesPermissionEnforcement(self.rbac.admission_check)
+        )
         for storage_class in STANDARD_CLASSES if storage_classes is None else storage_classes:
             self.api.create(STORAGE_CLASS, "", storage_class)
         self.volumes = Volumes(self.api, images, nfs_exports=nfs_exports)
@@ -360,6 +368,7 @@ class SimulatedCluster:
         self._scheduler_names = scheduler_names
         self.scheduler: Scheduler | None = None
         self.kubelet: Kubelet | None = None
+        self.gc = GarbageCollector(self.api, gc_delay)
         self.network = PodNetwork()
         self._server: tornado.httpserver.HTTPServer | None = None
         self._tls_servers: list[tornado.httpserver.HTTPServer] = []
@@ -396,6 +405,7 @@ class SimulatedCluster:
         self._server.add_sockets(sockets)
         self.scheduler.start()
         self.kubelet.start()
+        self.gc.start()
         log.info("simulated cluster listening on %s", self.url)
         return self
 
@@ -434,6 +444,7 @@ class SimulatedCluster:
         for server in self._tls_servers:
             await server.close_all_connections()
         self._tls_servers = []
+        await self.gc.stop()
         if self.scheduler:
             await self.scheduler.stop()
         if self.kubelet:
@@ -594,7 +605,8 @@ class SimulatedCluster:
 
     @property
     def audit(self) -> list[AuditRecord]:
-        """Every API request so far, oldest first: who, what, where, and the rule allowing it."""
+        """Every API request so far, oldest first: who, what, where, and the rule allowing it;
+        with the checks OwnerReferencesPermissionEnforcement made of a requester's rights."""
         return list(self.rbac.audit)
 
     def kubeconfig_dict(self, namespace: str = "default", token: str = "") -> dict[str, Any]:

@@ -1,12 +1,15 @@
+import json
 import sys
 import uuid
 
 import kubernetes.client
 import pytest
+from kubernetes.client.rest import ApiException
 
 from tests.kube_sim import SimulatedCluster, admin_key
 
 PY = sys.executable
+NOWHERE = {"kubernetes.io/hostname": "no-such-node"}  # keeps a pod Pending, never bound
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +69,43 @@ def wait_for(predicate, timeout=10.0, interval=0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def owned_by(*owners, **flags) -> dict:
+    """metadata.ownerReferences naming these pods (client models, or dicts with metadata)."""
+    refs = []
+    for owner in owners:
+        meta = owner["metadata"] if isinstance(owner, dict) else owner.metadata.to_dict()
+        ref = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+        refs.append({**ref, **flags})
+    return {"ownerReferences": refs}
+
+
+def pending_pod(core, ns, name):
+    """A pod no node matches: it stays Pending, and a delete removes it at once."""
+    return core.create_namespaced_pod(ns, pod_body(name, nodeSelector=NOWHERE))
+
+
+def configmap(core, ns, name, *owners, **flags):
+    """A ConfigMap owned by these pods (ownerReference ``flags`` such as controller=True)."""
+    return core.create_namespaced_config_map(
+        ns, {"metadata": {"name": name, **owned_by(*owners, **flags)}, "data": {"k": "v"}}
+    )
+
+
+def exists(read, *args) -> bool:
+    """Whether read(*args) finds the object (False on 404)."""
+    try:
+        read(*args)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+def refusal(call, *args, **kwargs) -> tuple[int, dict]:
+    """The status code and Status body of a call that must fail."""
+    with pytest.raises(ApiException) as caught:
+        call(*args, **kwargs)
+    return caught.value.status, json.loads(caught.value.body)

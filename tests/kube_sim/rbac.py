@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import CLUSTER_ROLE, CLUSTER_ROLE_BINDING, ROLE, ROLE_BINDING, SERVICE_ACCOUNT, Api
+from .api import (
+    CLUSTER_ROLE,
+    CLUSTER_ROLE_BINDING,
+    ROLE,
+    ROLE_BINDING,
+    SERVICE_ACCOUNT,
+    Api,
+    ResourceType,
+)
 from .store import Obj
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -77,7 +85,8 @@ class Grant:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """One request as the audit log keeps it."""
+    """One request as the audit log keeps it, or an admission plugin's check of what its
+    requester may do (verb, resource and name are then those the plugin asked about)."""
 
     user: str
     verb: str
@@ -418,27 +427,61 @@ class Rbac:
             return self.api.find(CLUSTER_ROLE, "", name)
         return None
 
+    def identity_of(self, authorization: str | None) -> Identity | None:
+        """Whom the request's credentials authenticate, or None."""
+        return self.tokens.identify(authorization, self._account_uid)
+
     def user_of(self, authorization: str | None) -> str:
         """The user name the request's credentials authenticate ("" for none)."""
-        identity = self.tokens.identify(authorization, self._account_uid)
+        identity = self.identity_of(authorization)
         return identity.user if identity else ""
 
-    def check(
-        self, method: str, path: str, query: dict[str, str], authorization: str | None
-    ) -> tuple[int, Obj] | None:
-        """None when the request may go on, else (code, Status body); audited either way."""
-        attrs = request_attributes(method, path, query)
-        identity = self.tokens.identify(authorization, self._account_uid)
-        if identity is None:
-            self._record("", attrs, 401)
-            return 401, UNAUTHORIZED_STATUS
-        decision = authorize(
+    def _decide(self, identity: Identity, attrs: Attributes) -> Decision:
+        return authorize(
             identity,
             attrs,
             self.api.list(CLUSTER_ROLE_BINDING),
             self.api.list(ROLE_BINDING, attrs.namespace) if attrs.namespace else [],
             self._find_role,
         )
+
+    def admission_check(
+        self,
+        identity: Identity,
+        verb: str,
+        rt: ResourceType,
+        subresource: str,
+        namespace: str,
+        name: str,
+    ) -> tuple[bool, str]:
+        """What an admission plugin asks the authorizer (owners.Authorizer): may the
+        request's user do this too? Audited as a request would be, so a refusal names the
+        rule that is missing. Returns (allowed, the reason RBAC gives when not)."""
+        attrs = Attributes(
+            verb=verb,
+            path="",
+            resource_request=True,
+            api_group=rt.group,
+            api_version=rt.version,
+            resource=rt.plural,
+            subresource=subresource,
+            namespace=namespace,
+            name=name,
+        )
+        decision = self._decide(identity, attrs)
+        self._record(identity.user, attrs, 0 if decision.allowed else 403, decision.grant)
+        return decision.allowed, decision.reason
+
+    def check(
+        self, method: str, path: str, query: dict[str, str], authorization: str | None
+    ) -> tuple[int, Obj] | None:
+        """None when the request may go on, else (code, Status body); audited either way."""
+        attrs = request_attributes(method, path, query)
+        identity = self.identity_of(authorization)
+        if identity is None:
+            self._record("", attrs, 401)
+            return 401, UNAUTHORIZED_STATUS
+        decision = self._decide(identity, attrs)
         if not decision.allowed:
             self._record(identity.user, attrs, 403)
             return 403, forbidden_status(identity, attrs, decision.reason)

@@ -13,6 +13,7 @@ from typing import Any
 import tornado.web
 from tornado.iostream import StreamClosedError
 
+from . import owners
 from .api import BY_PATH, NODE, POD, RESOURCE_TYPES, Api, ResourceType
 from .faults import Faults
 from .patch import json_patch, merge_patch
@@ -130,6 +131,10 @@ class BaseHandler(tornado.web.RequestHandler):
             status_code, "InternalError"
         )
         self.send_json(ApiError(status_code, reason, message).status(), status_code)
+
+    def requester(self) -> Any:
+        """Who makes this request (prepare() refused it if nobody), for admission."""
+        return self.rbac.identity_of(self.request.headers.get("Authorization"))
 
     def json_body(self) -> Any:
         try:
@@ -306,7 +311,7 @@ class ResourceHandler(BaseHandler):
         else:
             if rt.namespaced and not ns:
                 raise self._unknown()
-            self.send_json(self.api.create(rt, ns, body), 201)
+            self.send_json(self.api.create(rt, ns, body, self.requester()), 201)
 
     async def do_put(self, rt: ResourceType, ns: str, name: str, sub: str) -> None:
         if not name or sub not in ("", "status"):
@@ -318,7 +323,7 @@ class ResourceHandler(BaseHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request must be a JSON object")
-        self.send_json(self.api.replace(rt, ns, name, body, sub))
+        self.send_json(self.api.replace(rt, ns, name, body, sub, self.requester()))
 
     async def do_patch(self, rt: ResourceType, ns: str, name: str, sub: str) -> None:
         if not name or sub not in ("", "status"):
@@ -352,7 +357,7 @@ class ResourceHandler(BaseHandler):
                 f"include: application/json-patch+json, application/merge-patch+json, "
                 f'application/strategic-merge-patch+json (got "{content_type}")',
             )
-        self.send_json(self.api.replace(rt, ns, name, patched, sub))
+        self.send_json(self.api.replace(rt, ns, name, patched, sub, self.requester()))
 
     async def do_delete(self, rt: ResourceType, ns: str, name: str, sub: str) -> None:
         if sub:
@@ -362,8 +367,9 @@ class ResourceHandler(BaseHandler):
                 "the server does not allow this method on the requested resource",
             )
         grace = self._grace_seconds()
+        propagation = self._propagation_policy()
         if name:
-            self.send_json(self.api.delete(rt, ns, name, grace))
+            self.send_json(self.api.delete(rt, ns, name, grace, propagation))
             return
         items = self.api.list(
             rt,
@@ -375,7 +381,9 @@ class ResourceHandler(BaseHandler):
         for obj in items:
             meta = obj["metadata"]
             try:
-                deleted.append(self.api.delete(rt, meta.get("namespace", ""), meta["name"], grace))
+                deleted.append(
+                    self.api.delete(rt, meta.get("namespace", ""), meta["name"], grace, propagation)
+                )
             except ApiError:
                 pass
         self.send_json(
@@ -388,17 +396,28 @@ class ResourceHandler(BaseHandler):
         )
 
     def _grace_seconds(self) -> int | None:
-        arg = self.get_query_argument("gracePeriodSeconds", None)
-        if arg is None and self.request.body:
-            body = self.json_body()
-            if isinstance(body, dict) and body.get("gracePeriodSeconds") is not None:
-                arg = body["gracePeriodSeconds"]
+        arg = self._delete_option("gracePeriodSeconds")
         if arg is None:
             return None
         try:
             return max(0, int(arg))
         except ValueError as e:
             raise ApiError(400, "BadRequest", f"invalid gracePeriodSeconds {arg!r}") from e
+
+    def _delete_option(self, key: str) -> Any:
+        """A DeleteOptions field, from the query or else the request's body."""
+        arg = self.get_query_argument(key, None)
+        if arg is None and self.request.body:
+            body = self.json_body()
+            if isinstance(body, dict):
+                arg = body.get(key)
+        return arg
+
+    def _propagation_policy(self) -> str:
+        orphan = self._delete_option("orphanDependents")
+        if isinstance(orphan, str):
+            orphan = orphan.lower() in ("1", "t", "true")
+        return owners.propagation_policy(self._delete_option("propagationPolicy"), orphan)
 
     def send_log(self, ns: str, name: str) -> None:
         pod = self.api.get(POD, ns, name)

@@ -39,13 +39,24 @@ def rfc3339(when: datetime) -> str:
 class ApiError(Exception):
     """A refusal the API server renders as a Kubernetes Status body."""
 
-    def __init__(self, code: int, reason: str, message: str, name: str = "", kind: str = ""):
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        name: str = "",
+        kind: str = "",
+        group: str = "",
+        causes: list[Obj] | None = None,
+    ):
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.name = name
         self.kind = kind
+        self.group = group  # the details' API group, for a resource of a named group
+        self.causes = causes or []  # the details' causes: one per field error of a 422
 
     def status(self) -> Obj:
         """The Status object Kubernetes sends for this error."""
@@ -61,8 +72,12 @@ class ApiError(Exception):
         }
         if self.name:
             body["details"]["name"] = self.name
+        if self.group:
+            body["details"]["group"] = self.group
         if self.kind:
             body["details"]["kind"] = self.kind
+        if self.causes:
+            body["details"]["causes"] = self.causes
         return body
 
 
