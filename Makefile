@@ -143,8 +143,11 @@ test: setup setup-jh55 system-packages lint
 # login). The hub, billing and the servers they start are that venv's jupyterhub,
 # jupyterhub-singleuser and KubeSpawner, as the chart's images hold them. GPUTAP_HUB_PINS makes
 # tests/helm/test_hub_pins.py check that this is so. The one-machine backend never runs on
-# the image, so its tests (tests/integration beside GitHub's) run on .venv alone.
-JH55_TESTS := tests/unit tests/kube tests/helm $(wildcard tests/integration/test_github_*.py)
+# the image, so its tests (tests/integration) run on .venv alone, but for those of the hub's
+# own handlers and scopes, which the chart's hub serves whatever its backend: the security of
+# every gputap endpoint (test_security_hub.py) and the server API (test_server_api.py).
+JH55_TESTS := tests/unit tests/kube tests/helm $(wildcard tests/integration/test_github_*.py) \
+  tests/integration/test_security_hub.py tests/integration/test_server_api.py
 test-jh55: setup-jh55 system-packages
 	GPUTAP_HUB_PINS=$(HUB_CONSTRAINTS) $(JH55_PY) -m pytest -m "not long" -p no:cacheprovider \
 	  -n $(TEST_WORKERS) --dist loadfile $(JH55_TESTS)

@@ -54,5 +54,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 HUB_USERNAME = "hub.jupyter.org/username"
 #: KubeSpawner's name of the single-user server's container in its pod
 SERVER_CONTAINER = "notebook"
+#: the name of a worker's container in its pod (spawner/kube/worker_objects.py)
+WORKER_CONTAINER = "worker"
 #: pod phases after which a pod holds nothing and runs nothing
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -22,7 +22,10 @@ from gputap_common.labels import (
     SESSION,
     TERMINAL_PHASES,
     USER,
+    WORKER,
+    WORKER_CONTAINER,
 )
+from gputap_common.names import is_worker_name
 from gputap_common.times import parse_kube_time, pod_time
 
 from .pricing import ON_DEMAND, SERVER_PRICE_CLASSES
@@ -61,15 +64,17 @@ class PodFacts(PodSession):
     finished: bool
     #: the environment its server runs, as the spawner names it ("" when it says none)
     environment: str = ""
+    #: ``w1``… for a worker of the server's group (docs/scale-out.md), "" for the server
+    worker: str = ""
 
     @property
     def running(self) -> bool:
         return self.started_at is not None and not self.finished
 
 
-def _server_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def _server_status(pod: Mapping[str, Any], container: str) -> Mapping[str, Any]:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == SERVER_CONTAINER:
+        if status.get("name") == container:
             return status
     return {}
 
@@ -114,11 +119,15 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         raise ValueError(
             f"{where}: label {PRICE_CLASS} must be on-demand or spot, not {price_class!r}"
         )
+    worker = annotations.get(WORKER, "")
+    if worker and not is_worker_name(worker):
+        raise ValueError(f"{where}: annotation {WORKER} must be w1 to w999, not {worker[:20]!r}")
+    metered = WORKER_CONTAINER if worker else SERVER_CONTAINER
     containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
-    if SERVER_CONTAINER not in containers:
-        raise ValueError(f"{where} has no container named {SERVER_CONTAINER!r} to meter")
+    if metered not in containers:
+        raise ValueError(f"{where} has no container named {metered!r} to meter")
 
-    status = _server_status(pod)
+    status = _server_status(pod, metered)
     # a container's times come from its node's clock, which may be off the API server's
     started_at = _first_start(pod, status, parse_kube_time(meta.get("creationTimestamp")))
     phase = (pod.get("status") or {}).get("phase")
@@ -147,6 +156,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts | None:
         ended_at=min(ends, default=None),
         finished=phase in TERMINAL_PHASES or deletion is not None,
         environment=annotations.get(ENVIRONMENT, ""),
+        worker=worker,
     )
 
 

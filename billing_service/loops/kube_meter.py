@@ -216,7 +216,10 @@ class KubeMeter:
             return self._open[facts.session_id]
         await self._bind(facts)
         start = partial(
-            self.store.start_session, course=facts.course, environment=facts.environment
+            self.store.start_session,
+            course=facts.course,
+            environment=facts.environment,
+            worker=facts.worker,
         )
         try:
             record, created = await self._db(

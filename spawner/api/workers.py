@@ -57,10 +57,6 @@ class WorkersHandler(_WorkersAPI):
             raise web.HTTPError(
                 409, f"{spawner.who} is not running: start the server, then scale it out."
             )
-        if spawner.worker_backend() is None:
-            raise web.HTTPError(
-                409, "Scale-out runs on one machine so far; on Kubernetes it is not built yet."
-            )
         if spawner.max_workers < 1:
             raise web.HTTPError(403, "Scale-out is off on this hub (scale_out.max_workers is 0).")
         try:

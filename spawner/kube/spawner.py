@@ -43,6 +43,7 @@ from .homes import (
 )
 from .objects import GPU_TOLERATIONS, HOSTNAME_LABEL, apply_pod_settings, gpu_pod_settings
 from .watch import ClusterWatcher
+from .workers import KubeWorkers
 
 # one watcher per hub (per event loop)
 _watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
@@ -94,6 +95,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     #: refusal says about it; empty when it reaches every node
     _home_selector: dict[str, str] = {}
     _home_limit = ""
+    _worker_backend: KubeWorkers | None = None
 
     @property
     def pod_key(self) -> str:
@@ -151,6 +153,16 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 "try again in a minute, and tell an operator if it persists.",
             ) from None
         return watcher
+
+    def watcher_now(self) -> ClusterWatcher | None:
+        """The hub's cluster watcher, if it runs."""
+        return _watchers.get(asyncio.get_running_loop())
+
+    def worker_backend(self) -> KubeWorkers:
+        """The backend of this server's workers (spawner/kube/workers.py)."""
+        if self._worker_backend is None:
+            self._worker_backend = KubeWorkers(self)
+        return self._worker_backend
 
     def queue_view(self) -> FreeView:
         watcher = _watchers.get(asyncio.get_running_loop())
@@ -240,8 +252,12 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     def take_devices(self, placement: Placement, record: ServerRecord) -> None:
         """Reserve the placement's GPUs on its node until the watch sees the pod bound."""
-        record.node = placement.node
         self._pod_requested = False
+        self.reserve(placement, record)
+
+    def reserve(self, placement: Placement, record: ServerRecord) -> None:
+        """Reserve a placement's GPUs (the server's, or a worker's) under its session."""
+        record.node = placement.node
         if placement.offering.kind != "cpu":
             inventory = _watchers[asyncio.get_running_loop()].inventory
             inventory.reserve(

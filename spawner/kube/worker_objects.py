@@ -19,8 +19,8 @@ from gputap_common import labels as keys
 
 #: the port every worker's agent listens on (each pod has an address of its own)
 AGENT_PORT = 8790
-#: the name of a worker's container
-WORKER_CONTAINER = "worker"
+#: the name of a worker's container (billing's pod meter meters it)
+WORKER_CONTAINER = keys.WORKER_CONTAINER
 #: variables of the server's container a worker does not get (the hub's credentials)
 HUB_ONLY = ("JUPYTERHUB_", "JPY_")
 ROLE_WORKER = "worker"

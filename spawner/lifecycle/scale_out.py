@@ -15,7 +15,7 @@ from traitlets import Integer
 from traitlets.config import LoggingConfigurable
 
 from ..core.placement import parse_request
-from .workers import WorkerBackend, WorkerGroup
+from .workers import WorkerGroup
 
 STATE_KEY = "gputap_workers"
 
@@ -46,11 +46,6 @@ class ScaleOutMixin(LoggingConfigurable):
     _group: WorkerGroup | None = None
     #: the group as saved, until the first poll after a hub restart picks it up
     _saved_group: dict[str, Any] | None = None
-
-    def worker_backend(self) -> WorkerBackend | None:
-        """Where this server's workers run; None where they cannot (Kubernetes, for now:
-        docs/scale-out.md says what is built)."""
-        return None
 
     @property
     def workers(self) -> WorkerGroup:

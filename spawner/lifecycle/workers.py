@@ -91,7 +91,7 @@ class GroupOwner(Protocol):
     billing: Any
     worker_idle_seconds: int
 
-    def worker_backend(self) -> WorkerBackend | None: ...
+    def worker_backend(self) -> WorkerBackend: ...
 
     async def prices_for(self, view: FreeView, price_class: str = "on-demand") -> dict: ...
 
@@ -126,7 +126,6 @@ class WorkerGroup:
         live = [w for w in self.workers.values() if w.state in LIVE and w.record]
         rate = sum(self._rate(w) for w in live)
         placed = [w.record for w in self.active if w.record]
-        backend = self.owner.worker_backend()
         view: dict[str, Any] = {
             "server": self.owner.name,
             "workers": [w.view() for w in sorted(self.workers.values(), key=lambda w: w.index)],
@@ -136,7 +135,7 @@ class WorkerGroup:
             "rate_per_hour_micro": rate,
             "price_per_hour": format_credits(rate),
             "idle_seconds": self.owner.worker_idle_seconds,
-            "rendezvous_host": backend.rendezvous_host() if backend else None,
+            "rendezvous_host": self.owner.worker_backend().rendezvous_host(),
         }
         if with_token:
             view["token"] = self.token

@@ -107,6 +107,24 @@ def test_a_pod_names_the_environment_its_server_runs():
     assert pod_facts(pod).environment == "torch"
 
 
+def test_a_worker_pod_is_metered_by_its_worker_container_as_its_worker():
+    """A worker of the server's group (docs/scale-out.md): its own session, its container
+    ``worker``; a pod that names a worker but has no such container is not guessed at."""
+    pod = api_pod(state={"running": {"startedAt": at(5)}})
+    pod["metadata"]["annotations"]["gputap.io/worker"] = "w2"
+    pod["spec"]["containers"] = [{"name": "worker"}]
+    pod["status"]["containerStatuses"][0]["name"] = "worker"
+    facts = pod_facts(pod)
+    assert (facts.worker, facts.server_name, facts.started_at) == ("w2", "gpu", t(5))
+    pod["spec"]["containers"] = [{"name": "notebook"}]
+    with pytest.raises(ValueError, match="no container named 'worker'"):
+        pod_facts(pod)
+    pod["metadata"]["annotations"]["gputap.io/worker"] = "worker-2"
+    with pytest.raises(ValueError, match="must be w1 to w999"):
+        pod_facts(pod)
+    assert pod_facts(api_pod(state={"running": {"startedAt": at(5)}})).worker == ""
+
+
 def test_a_pod_without_session_annotation_is_its_own_session():
     pod = api_pod(state={"running": {"startedAt": at(1)}})
     del pod["metadata"]["annotations"]["gputap.io/session"]

@@ -64,6 +64,34 @@ CALLS = [
             ),
         ]
     ),
+    # a server's worker group (docs/scale-out.md): its pods and its NetworkPolicy
+    (
+        "hub",
+        "",
+        "pods",
+        "create",
+        "namespace",
+        "spawner/kube/workers.py",
+        "await spawner.api.create_namespaced_pod(",
+    ),
+    (
+        "hub",
+        "",
+        "pods",
+        "delete",
+        "namespace",
+        "spawner/kube/workers.py",
+        "await self.spawner.api.delete_namespaced_pod(",
+    ),
+    (
+        "hub",
+        "networking.k8s.io",
+        "networkpolicies",
+        "create",
+        "namespace",
+        "spawner/kube/workers.py",
+        "await api.create_namespaced_network_policy(",
+    ),
     ("hub", "", "nodes", "list", "cluster", "spawner/kube/watch.py", '"list_node"'),
     ("hub", "", "nodes", "watch", "cluster", "spawner/kube/watch.py", "events = watch_objects("),
     (
@@ -153,6 +181,7 @@ CALLS = [
 #: the files holding gputap's own Kubernetes calls (KubeSpawner's are z2jh's to grant)
 CODE = [
     "spawner/kube/spawner.py",
+    "spawner/kube/workers.py",
     "spawner/kube/disks.py",
     "spawner/kube/watch.py",
     "spawner/kube/inventory.py",

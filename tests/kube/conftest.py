@@ -165,6 +165,28 @@ def kube_api(cluster) -> kubernetes.client.CoreV1Api:
     return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
 
 
+def shared_homes(cluster) -> dict[str, Any]:
+    """spawner.kubernetes settings for homes on a shared file system (ReadWriteMany, on a
+    StorageClass of the NFS CSI driver made here), which a server's workers mount too; the
+    image's PATH holds gputap-worker beside jupyterhub-singleuser, as images/singleuser's."""
+    storage = kubernetes.client.StorageV1Api(kube_api(cluster).api_client)
+    storage.create_storage_class(
+        {
+            "metadata": {"name": "shared-nfs"},
+            "provisioner": "nfs.csi.k8s.io",
+            "volumeBindingMode": "Immediate",
+        }
+    )
+    return {
+        "home_access_mode": "ReadWriteMany",
+        "storage_class": "shared-nfs",
+        "environment": {
+            "JUPYTER_CONFIG_PATH": str(ROOT / "hub_config" / "singleuser"),
+            "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        },
+    }
+
+
 @pytest.fixture(scope="module")
 def platform(cluster, tmp_path_factory):
     p = kube_platform(cluster, tmp_path_factory.mktemp("kube-platform"))

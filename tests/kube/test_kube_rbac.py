@@ -1,11 +1,15 @@
 """The chart's RBAC is complete and no wider than needed: a scenario that makes every kind of
 Kubernetes request gputap makes (a GPU server and a MIG slice, a data disk attached and
-detached, the node and pod watches, billing's pod meter with its look at Killing events), run
-with the hub's and billing's own ServiceAccount tokens, then the simulated API server's audit:
-no request of either was refused, and each rendered rule, verb by verb and resource by
-resource, allowed at least one request."""
+detached, a worker group with its pod and NetworkPolicy, the node and pod watches, billing's
+pod meter with its look at Killing events), run with the hub's and billing's own
+ServiceAccount tokens, then the simulated API server's audit: no request of either was
+refused, and each rendered rule, verb by verb and resource by resource, allowed at least one
+request."""
 
 import time
+
+import pytest
+import requests
 
 from tests.disks_client import started, user, wait_restarted
 from tests.kube.conftest import (
@@ -13,14 +17,27 @@ from tests.kube.conftest import (
     HUB_ACCOUNT,
     NAMESPACE,
     kube_api,
+    kube_platform,
     refused,
     rendered_rules,
+    shared_homes,
     user_of,
 )
 from tests.kube.test_kube_spawn import pod_of
 
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
 CARD = {"kind": "card", "card": "L40S", "count": 1}
+
+
+@pytest.fixture(scope="module")
+def platform(cluster, tmp_path_factory):
+    """Homes on a shared file system, so that a server may scale out."""
+    p = kube_platform(
+        cluster, tmp_path_factory.mktemp("kube-rbac"), kubernetes=shared_homes(cluster)
+    )
+    p.start()
+    yield p
+    p.shutdown()
 
 
 def unused_rules(cluster, chart_rbac, account: str) -> dict[str, set[tuple[str, str, str]]]:
@@ -77,6 +94,22 @@ def test_every_rendered_rule_is_used_and_nothing_is_refused(platform, cluster, c
     assert disks.detach("ravi", "scratch").status_code == 202
     wait_restarted(platform, "ravi", during)
     assert disks.delete("ravi", "scratch").status_code == 204
+
+    # a worker beside ravi's server: its pod and the group's NetworkPolicy, then its stop
+    token = platform.user_token("ravi")
+    workers = f"{platform.url}/hub/gputap/api/users/ravi/server/workers"
+    headers = {"Authorization": f"token {token}"}
+    r = requests.post(workers, json={"count": 1}, headers=headers, timeout=30)
+    assert r.status_code == 202, r.text
+
+    def worker_states() -> list[str]:
+        return [
+            w["state"] for w in requests.get(workers, headers=headers, timeout=30).json()["workers"]
+        ]
+
+    wait_for(lambda: worker_states() == ["ready"], "ravi's worker ready", timeout=120)
+    assert requests.delete(workers, headers=headers, timeout=30).status_code == 202
+    wait_for(lambda: worker_states() == ["stopped"], "ravi's worker stopped")
 
     # rosa's pod vanishes while the hub and billing are down: billing, back, closes her
     # session at its Killing event, which it looks up

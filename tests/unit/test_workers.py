@@ -1,15 +1,19 @@
 """Worker groups, pure (spawner/core/workers.py), and a worker's pod and its group's
 NetworkPolicy (spawner/kube/worker_objects.py)."""
 
+import asyncio
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
+from tornado import web
 
 from spawner.core.catalog import Catalog
 from spawner.core.placement import CardRequest, CpuRequest, RequestError, SliceRequest, SpecRequest
 from spawner.core.record import ServerRecord
 from spawner.core.workers import READY, Worker, parse_worker_request
 from spawner.kube.worker_objects import group_network_policy, worker_pod
+from spawner.kube.workers import KubeWorkers
 from spawner.local.workers import agent_program, ended_how, worker_host
 
 CATALOG = Catalog.load()
@@ -195,3 +199,14 @@ def test_the_group_policy_opens_the_group_to_itself_and_the_agents_to_the_hub():
         ],
         "egress": [{"to": [members]}],
     }
+
+
+def test_a_home_that_attaches_to_one_node_refuses_workers_saying_what_would_do():
+    """Kubernetes: workers on other nodes mount the server's home; a ReadWriteOnce claim
+    attaches to one node at a time, so the request is refused before anything is placed."""
+    backend = KubeWorkers(SimpleNamespace(storage_access_modes=["ReadWriteOnce"]))
+    with pytest.raises(web.HTTPError) as refused:
+        asyncio.run(backend.views(CardRequest("A100-80GB", 1)))
+    assert refused.value.status_code == 409
+    assert "ReadWriteOnce" in refused.value.log_message
+    assert "home_access_mode: ReadWriteMany" in refused.value.log_message

@@ -1,0 +1,203 @@
+"""Workers on Kubernetes: a pod per worker, owned by the server's pod, and one NetworkPolicy
+per group (spawner/kube/worker_objects.py), seen through the hub's cluster watch.
+
+A worker's GPUs are reserved on its node until the watch sees its pod bound, as a server's
+are. Its home is the server's claim, mounted at the same path: workers on other nodes need a
+home every node can mount (``home_access_mode: ReadWriteMany``), so a ReadWriteOnce home is
+refused with a 409 that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from kubernetes_asyncio.client import ApiException
+from kubespawner.clients import shared_client
+from tornado import web
+
+from gputap_common import clock
+from gputap_common import labels as keys
+from gputap_common.times import pod_time
+
+from ..core.placement import FreeView, Placement, Request, ServerOptions
+from ..core.record import ServerRecord
+from ..core.workers import Worker
+from .homes import attaches_to_one_node
+from .objects import gpu_pod_settings
+from .worker_objects import AGENT_PORT, WORKER_CONTAINER, group_network_policy, worker_pod
+
+if TYPE_CHECKING:
+    from .spawner import GPUKubeSpawner
+
+#: the hub's pods as z2jh labels them: they reach the workers' agents
+HUB_SELECTOR = {"component": "hub"}
+#: how long a worker pod has to get an address (scheduled, started)
+POD_START_SECONDS = 300.0
+#: how often a worker's pod is looked at in the hub's watch cache
+LOOK_SECONDS = 0.3
+
+
+class KubeWorkers:
+    """The Kubernetes backend of a server's workers."""
+
+    def __init__(self, spawner: GPUKubeSpawner):
+        self.spawner = spawner
+
+    # -- placement ------------------------------------------------------------------------
+
+    async def views(self, request: Request) -> tuple[Callable[[], FreeView], FreeView]:
+        modes = self.spawner.storage_access_modes
+        if attaches_to_one_node(modes):
+            raise web.HTTPError(
+                409,
+                f"Workers mount this server's home, which is {', '.join(modes)}: it attaches "
+                "to one node at a time, so workers on other nodes could not see your files. "
+                "An operator enables scale-out with spawner.kubernetes.home_access_mode: "
+                "ReadWriteMany (a shared file system).",
+            )
+        return await self.spawner.gpu_views(ServerOptions(request))
+
+    def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
+        self.spawner.reserve(placement, record)  # under the worker's own session
+
+    def release(self, record: ServerRecord, holder: str) -> None:
+        self.spawner.release_devices(record)
+
+    def rendezvous_host(self) -> str:
+        pod = self._server_pod()
+        return ((pod or {}).get("status") or {}).get("podIP") or ""
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def _server_pod(self) -> Mapping[str, Any] | None:
+        return self._pod(self.spawner.pod_name)
+
+    def _pod(self, name: str) -> Mapping[str, Any] | None:
+        watcher = self.spawner.watcher_now()
+        namespace = self.spawner.namespace
+        for pod in watcher.pods if watcher else []:
+            meta = pod["metadata"]
+            if meta["name"] == name and meta.get("namespace") == namespace:
+                return pod
+        return None
+
+    async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
+        spawner = self.spawner
+        server = self._server_pod()
+        if server is None or not server["metadata"].get("uid"):
+            raise RuntimeError("the server's pod is not in the hub's view of the cluster")
+        record = worker.record
+        watcher = await spawner.cluster()
+        placement = worker.placement
+        node = watcher.inventory.nodes.get(record.node) if record.node else None
+        settings = gpu_pod_settings(
+            placement,
+            spawner.catalog,
+            username=spawner.user.name,
+            session_id=record.session_id,
+            server_name=spawner.name,
+            product=node.product if node else None,
+            hostname=node.hostname if node else None,
+            resource=node.resources[placement.offering.key][0]
+            if node and placement.offering.key in node.resources
+            else None,
+            room=watcher.inventory.room(record.node) if record.node else None,
+            price_class=record.price_class,
+            course=record.course,
+            environment=record.environment,
+        )
+        # the watch counts the GPUs under this name until it sees the pod bound
+        settings["extra_annotations"][keys.RESERVATION] = spawner.reservation(record)
+        manifest = worker_pod(
+            server,
+            settings,
+            worker=worker.name,
+            token=token,
+            offering=record.offering,
+            count=record.count,
+        )
+        await self._ensure_policy(server)
+        name = manifest["metadata"]["name"]
+        worker.handle["pod"] = name
+        await spawner.api.create_namespaced_pod(spawner.namespace, manifest)
+        spawner.log.info("%s#%s: pod %s/%s asked for", spawner.who, worker.name,
+                         spawner.namespace, name)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + POD_START_SECONDS
+        while True:
+            pod = self._pod(name)
+            status = (pod or {}).get("status") or {}
+            if status.get("podIP") and status.get("phase") == "Running":
+                return status["podIP"], AGENT_PORT
+            if status.get("phase") in ("Failed", "Succeeded"):
+                raise RuntimeError(
+                    f"its pod ended before it ran ({status.get('reason') or status['phase']})"
+                )
+            if loop.time() > deadline:
+                why = status.get("conditions") or status.get("phase") or "not seen"
+                raise TimeoutError(f"its pod did not run within {POD_START_SECONDS:.0f} s ({why})")
+            await asyncio.sleep(LOOK_SECONDS)
+
+    async def _ensure_policy(self, server: Mapping[str, Any]) -> None:
+        policy = group_network_policy(server, HUB_SELECTOR)
+        api = shared_client("NetworkingV1Api")
+        try:
+            await api.create_namespaced_network_policy(self.spawner.namespace, policy)
+        except ApiException as e:
+            if e.status != 409:  # made for an earlier worker of the group
+                raise
+
+    async def wait(self, worker: Worker) -> tuple[datetime, str]:
+        """Until its pod has ended or is gone: when (its container's finish, on the API
+        server's clock), and how."""
+        name = worker.handle.get("pod", "")
+        while True:
+            pod = self._pod(name)
+            if pod is None:
+                return clock.utcnow(), "was deleted"
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return _finished(pod), _how(pod)
+            await asyncio.sleep(LOOK_SECONDS)
+
+    async def stop(self, worker: Worker) -> None:
+        name = worker.handle.get("pod")
+        if not name:
+            return
+        try:
+            await self.spawner.api.delete_namespaced_pod(
+                name, self.spawner.namespace, grace_period_seconds=5
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def still_runs(self, worker: Worker, holder: str) -> bool:
+        pod = self._pod(worker.handle.get("pod", ""))
+        return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
+
+
+def _worker_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == WORKER_CONTAINER:
+            return status
+    return {}
+
+
+def _finished(pod: Mapping[str, Any]) -> datetime:
+    terminated = (_worker_status(pod).get("state") or {}).get("terminated") or {}
+    finished = pod_time(pod, terminated.get("finishedAt"))
+    now = clock.utcnow()
+    return min(finished, now) if finished else now
+
+
+def _how(pod: Mapping[str, Any]) -> str:
+    terminated = (_worker_status(pod).get("state") or {}).get("terminated") or {}
+    code = terminated.get("exitCode")
+    reason = terminated.get("reason") or (pod.get("status") or {}).get("reason") or ""
+    if code is None:
+        return f"ended ({reason})" if reason else "ended"
+    return f"exited with code {code}" + (f" ({reason})" if reason else "")
