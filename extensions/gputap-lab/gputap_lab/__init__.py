@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .app import GPUTapLab
-
 __version__ = "0.1.0"
 
 
@@ -14,4 +12,8 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    # imported here, not above: gputap-worker (gputap_lab.worker) starts without
+    # jupyter_server's import, seconds of CPU on each worker
+    from .app import GPUTapLab
+
     return [{"module": "gputap_lab.app", "app": GPUTapLab}]
