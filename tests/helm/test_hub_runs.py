@@ -206,6 +206,8 @@ EXAMPLES = [
     ),
     Example(
         file="github-postgres.yaml",
+        # the example's environments, offered on the form beside gputap's own
+        page=("PyTorch 2.13", "TensorFlow 2.21", "vLLM 0.34"),
         home_size="20Gi",
         github_org="acme",
         postgres=True,
