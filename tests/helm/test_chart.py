@@ -254,7 +254,8 @@ def test_notes_say_where_to_sign_in_and_what_the_gpus_need(chart_dir):
         "GPU Operator",
         "GPU Feature Discovery",
         '"mixed" strategy',
-        "renameByDefault: true",
+        '"single" strategy',
+        "with or without renameByDefault",
     ]:
         assert needed in notes, needed
     with_ingress = {"jupyterhub": {"ingress": {"enabled": True, "hosts": ["gpu.example.org"]}}}
