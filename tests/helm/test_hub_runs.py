@@ -351,6 +351,8 @@ class Release:
             "HOME": str(self.root / pod_name / "home"),
             "HOSTNAME": pod_name,
             "LANG": "C.UTF-8",
+            # the images hold this checkout's gputap, whichever one the virtualenv installed
+            "PYTHONPATH": str(ROOT),
         }
 
     def pod_network(self, pod_name: str) -> list[str]:
