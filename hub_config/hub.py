@@ -135,37 +135,15 @@ def apply(c: Any, settings: Settings) -> None:
     c.JupyterHub.base_url = base_url
     c.JupyterHub.db_url = hub["db_url"]
     c.JupyterHub.cookie_secret_file = hub["cookie_secret_file"]
-    # the hub's cookies (login, session, XSRF, OAuth state) and, through the spawner's
-    # JUPYTERHUB_COOKIE_OPTIONS, the servers' are not sent with cross-site requests other
-    # than top-level navigations (docs/security.md)
-    c.JupyterHub.tornado_settings = {
-        **c.JupyterHub.get("tornado_settings", {}),
-        "cookie_options": dict(COOKIE_OPTIONS),
-    }
     c.JupyterHub.pid_file = str(data_dir / "jupyterhub.pid")
-    c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
-    # several servers per user (each its own card and billing session), one home for all
-    c.JupyterHub.allow_named_servers = True
-    c.JupyterHub.named_server_limit_per_user = hub["named_server_limit_per_user"]
-    # servers keep running (and billing keeps counting) across hub restarts
-    c.JupyterHub.cleanup_servers = False
     c.ConfigurableHTTPProxy.command = proxy_command(hub)
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{hub['proxy_api_port']}"
     c.ConfigurableHTTPProxy.pid_file = str(data_dir / "proxy.pid")
 
-    _authentication(c, hub, settings.courses["instructor_teams"])
-
     hub_token = secrets.token_hex(32)
     spawner = settings.spawner
-    c.Spawner.default_url = spawner["default_url"]
-    c.Spawner.start_timeout = spawner["start_timeout"]
-    c.Spawner.http_timeout = spawner["start_timeout"]
-    c.Spawner.poll_interval = 10
-    # what both backends share (GPUSpawnerMixin is in both spawners' class hierarchy)
     c.GPUSpawnerMixin.billing_url = billing_url(settings)
     c.GPUSpawnerMixin.billing_token = hub_token
-    c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
-    c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
     backend = spawner["backend"]
     if (
         backend == "local"
@@ -184,10 +162,41 @@ def apply(c: Any, settings: Settings) -> None:
     else:
         _kubernetes_backend(c, spawner["kubernetes"])
         _hub_for_pods(c, spawner["kubernetes"], hub["hub_port"])
-    _hub_pages(c, hub, base_url)
-
     _services(c, settings, hub_token)
     _idle_culler(c, settings.section("idle"), backend)
+    apply_shared(c, settings, base_url)
+
+
+def apply_shared(c: Any, settings: Settings, base_url: str) -> None:
+    """What gputap sets alike on one machine (:func:`apply`) and under the Helm chart
+    (``hub_config.z2jh.configure``), after the backend, the services and their roles: login,
+    cookies, named servers, the spawner's catalog, environments, apps, worker groups, disks,
+    shared data, the hub's pages and the servers' API scopes. Where the hub listens, its proxy,
+    database and data directory stay with each caller."""
+    hub, spawner = settings.hub, settings.spawner
+    # the hub's cookies (login, session, XSRF, OAuth state) and, through the spawner's
+    # JUPYTERHUB_COOKIE_OPTIONS, the servers' are not sent with cross-site requests other
+    # than top-level navigations (docs/security.md); z2jh's own tornado_settings are kept
+    c.JupyterHub.tornado_settings = {
+        **c.JupyterHub.get("tornado_settings", {}),
+        "cookie_options": dict(COOKIE_OPTIONS),
+    }
+    c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
+    # several servers per user (each its own card and billing session), one home for all
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = hub["named_server_limit_per_user"]
+    # servers keep running (and billing keeps counting) across hub restarts
+    c.JupyterHub.cleanup_servers = False
+    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
+    _authentication(c, hub, settings.courses["instructor_teams"])
+    c.Spawner.default_url = spawner["default_url"]
+    c.Spawner.start_timeout = spawner["start_timeout"]
+    c.Spawner.http_timeout = spawner["start_timeout"]
+    c.Spawner.poll_interval = 10
+    # GPUSpawnerMixin is in both spawners' class hierarchy
+    c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
+    c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
+    _hub_pages(c, hub, base_url)
     _server_api_scopes(c)
     _disks(c, spawner["disks"])
     _scale_out(c, settings.section("scale_out"))
@@ -472,7 +481,6 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
-    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
 
 
 def _idle_culler(c: Any, idle: dict[str, Any], backend: str, api_url: str | None = None) -> None:

@@ -10,7 +10,8 @@ machine's settings file (``hub_config/defaults.yaml``), read by the same loader 
 z2jh keeps what it owns in the pod: the hub's and proxy's addresses (the hub listens on
 0.0.0.0:8081, servers reach it at its Service), the database, the cookie secret, ``base_url``
 and ``hub_connect_url`` (unless ``spawner.kubernetes.hub_connect_url`` names another); gputap
-sets its spawner, login and hub pages.
+sets the rest as on one machine (``hub_config.hub.apply_shared``): its spawner, environments,
+apps, worker groups, login, cookies and hub pages.
 """
 
 from __future__ import annotations
@@ -24,17 +25,12 @@ from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError, settings_from_mapping
 
 from .hub import (
-    KUBE_HOME,
-    _authentication,
-    _disks,
-    _hub_pages,
     _idle_culler,
     _kubernetes_backend,
-    _server_api_scopes,
     _url_path,
+    apply_shared,
     people_roles,
 )
-from .shared_data import configure_shared_data
 
 #: how the settings are named in a refusal: where an operator wrote them
 ORIGIN = "jupyterhub.custom.gputap"
@@ -161,27 +157,12 @@ def configure(
     """Fill JupyterHub's config ``c`` (already filled by z2jh) from ``custom.gputap``."""
     environ = os.environ if environ is None else environ
     settings = chart_settings(raw, environ)
-    hub, spawner = settings.hub, settings.spawner
-    _authentication(c, hub, settings.courses["instructor_teams"])
-    c.JupyterHub.concurrent_spawn_limit = hub["concurrent_spawn_limit"]
-    c.JupyterHub.allow_named_servers = True
-    c.JupyterHub.named_server_limit_per_user = hub["named_server_limit_per_user"]
-    # servers keep running (and billing keeps counting) across hub restarts
-    c.JupyterHub.cleanup_servers = False
-    c.JupyterHub.custom_scopes = dict(scopes.CUSTOM)
-    c.Spawner.default_url = spawner["default_url"]
-    c.Spawner.start_timeout = spawner["start_timeout"]
-    c.Spawner.http_timeout = spawner["start_timeout"]
-    c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
-    c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
-    _same_server_user(c, spawner["kubernetes"])
-    _kubernetes_backend(c, spawner["kubernetes"])
-    _hub_pages(c, hub, c.JupyterHub.get("base_url", "/"))
+    kube = settings.spawner["kubernetes"]
+    _same_server_user(c, kube)
+    _kubernetes_backend(c, kube)
     if not isinstance(c.JupyterHub.get("load_roles"), list):
         c.JupyterHub.load_roles = []
     _billing(c, settings, environ)
     _culler(c, settings.section("idle"))
-    _server_api_scopes(c)
-    _disks(c, spawner["disks"])
-    configure_shared_data(c, settings, KUBE_HOME)
+    apply_shared(c, settings, _url_path(c.JupyterHub.get("base_url", "/")))
     return settings

@@ -19,7 +19,8 @@ import yaml
 from traitlets.config import Config
 
 from billing_service.app import BadCookieSecret, cookie_secret
-from billing_service.config import load_billing_settings
+from billing_service.config import load_billing_config, load_billing_settings
+from billing_service.domain.courses import course_rules
 from gputap_common import scopes
 from gputap_common.settings import SettingsError, settings_from_mapping
 from hub_config.hub import _services
@@ -186,7 +187,7 @@ def test_billing_settings_come_from_custom_gputap(chart_dir, tmp_path):
     manifests = render(chart_dir, {"jupyterhub": {"custom": {"gputap": gputap}}})
     text = one(manifests, "ConfigMap", "gputap-billing")["data"]["settings.yaml"]
     raw = yaml.safe_load(text)
-    assert set(raw) == {"data_dir", "billing", "spawner"}  # never the hub's section
+    assert set(raw) <= {"data_dir", "billing", "spawner", "environments"}  # never the hub's
     settings = settings_in(manifests, tmp_path)
     assert settings.billing["trial_credit"] == "3.50"
     assert settings.billing["spot_discount_percent"] == 40
@@ -197,6 +198,25 @@ def test_billing_settings_come_from_custom_gputap(chart_dir, tmp_path):
     elsewhere = {"spawner": {"kubernetes": {"namespace": "gpu-users"}}}
     manifests = render(chart_dir, {"jupyterhub": {"custom": {"gputap": elsewhere}}})
     assert settings_in(manifests, tmp_path).spawner["kubernetes"]["namespace"] == "gpu-users"
+
+
+def test_a_course_may_pin_one_of_the_charts_environments(chart_dir, tmp_path, monkeypatch):
+    """Billing knows the environments of custom.gputap, as on one machine
+    (hub.billing_settings): an instructor's course may pin the example's PyTorch, and one
+    the hub does not offer is refused."""
+    example = test_chart.values_of(test_chart.CHART / "examples" / "github-postgres.yaml")
+    manifests = render(chart_dir, example)
+    raw = yaml.safe_load(one(manifests, "ConfigMap", "gputap-billing")["data"]["settings.yaml"])
+    assert raw["environments"] == example["jupyterhub"]["custom"]["gputap"]["environments"]
+    settings_in(manifests, tmp_path)  # writes tmp_path/settings.yaml
+    # what billing's container reads: GPUTAP_SETTINGS names the mounted ConfigMap
+    monkeypatch.setenv("GPUTAP_SETTINGS", str(tmp_path / "settings.yaml"))
+    config = load_billing_config()
+    assert {"pytorch", "tensorflow", "vllm"} <= config.environments
+    course = {"name": "Deep learning", "allowed": ["T4"], "environment": "pytorch"}
+    assert course_rules(course, {"T4"}, config.environments).environment == "pytorch"
+    with pytest.raises(ValueError, match="'jax' is not one of the hub's environments"):
+        course_rules({**course, "environment": "jax"}, {"T4"}, config.environments)
 
 
 def checksum(manifests: list[dict]) -> str:

@@ -17,12 +17,13 @@ import yaml
 from traitlets.config import Config
 
 from gputap_common import scopes
-from gputap_common.settings import SettingsError, settings_from_mapping
+from gputap_common.settings import SettingsError, deep_merge, settings_from_mapping
 from gputap_common.settings.render import (
     HELM_SCHEMA_COMMAND,
     HELM_SCHEMA_FILE,
     helm_values_schema,
 )
+from hub_config.hub import apply
 from hub_config.z2jh import configure
 from tests.helm.chart import CHART, RELEASE, VENDORED, copy_chart, render, values_of
 
@@ -253,7 +254,8 @@ def test_notes_say_where_to_sign_in_and_what_the_gpus_need(chart_dir):
         "GPU Operator",
         "GPU Feature Discovery",
         '"mixed" strategy',
-        "renameByDefault: true",
+        '"single" strategy',
+        "with or without renameByDefault",
     ]:
         assert needed in notes, needed
     with_ingress = {"jupyterhub": {"ingress": {"enabled": True, "hosts": ["gpu.example.org"]}}}
@@ -419,3 +421,88 @@ def test_the_environments_images_are_pre_pulled_on_every_node_servers_may_run_on
     assert puller(render(chart_dir, values_of(None))) is None
     example["jupyterhub"]["prePuller"] = {"continuous": {"enabled": False}}
     assert puller(render(chart_dir, example)) is None
+
+
+# what only the hub on a machine of its own sets (where it listens, its proxy, database and
+# data directory), or each side its own way (billing's address and the spawner's token)
+ONE_MACHINE_ONLY = {
+    "JupyterHub": {
+        "ip",
+        "port",
+        "hub_ip",
+        "hub_port",
+        "base_url",
+        "db_url",
+        "pid_file",
+        "cookie_secret_file",
+        "services",
+        "load_roles",
+    },  # fmt: skip
+    "ConfigurableHTTPProxy": {"command", "api_url", "pid_file"},
+    "GPUSpawnerMixin": {"billing_url", "billing_token"},
+}
+
+
+def without_one_machine_only(c: Config) -> dict:
+    kept = {
+        section: {
+            k: v
+            for k, v in dict(c[section]).items()
+            if k not in ONE_MACHINE_ONLY.get(section, set())
+        }  # fmt: skip
+        for section in c
+    }
+    return {section: traits for section, traits in kept.items() if traits}
+
+
+@pytest.mark.parametrize("values_file", VALUE_FILES, ids=IDS)
+def test_the_charts_hub_is_configured_as_one_machines_for_the_same_settings(
+    chart_dir, values_file, tmp_path
+):
+    """The chart's hub (z2jh.configure) sets what one machine's (hub.apply, backend kubernetes)
+    sets for the same settings: environments, apps, worker groups, idle servers, disks, login,
+    courses, cookies, the spawner's timeouts and its catalog; only where the hub listens, its
+    proxy, database and billing's address differ."""
+    manifests = render(chart_dir, values_of(values_file))
+    values = hub_values(manifests)
+    chart = z2jh_config(values)
+    chart.CryptKeeper.keys = ["z2jh-crypt-key"]  # z2jh's, from its Secret `hub`
+    settings = configure(chart, values["custom"]["gputap"], environ=hub_environ(manifests))
+    # the same settings (the chart's namespace and PriorityClasses included) on one machine
+    mapping = deep_merge(
+        settings.raw,
+        {"data_dir": str(tmp_path), "spawner": {"kubernetes": {"hub_ip": "10.42.0.1"}}},
+    )
+    one = Config()
+    one.KubeSpawner.uid, one.KubeSpawner.fs_gid = chart.KubeSpawner.uid, chart.KubeSpawner.fs_gid
+    one.CryptKeeper.keys = ["z2jh-crypt-key"]
+    apply(one, settings_from_mapping(mapping, "one machine", {}))
+    assert without_one_machine_only(chart) == without_one_machine_only(one)
+    # which covers what the chart used to leave out
+    for trait in ["environments", "apps", "max_workers", "worker_idle_seconds"]:
+        assert chart.GPUSpawnerMixin[trait] == one.GPUSpawnerMixin[trait], trait
+    assert chart.GPUSpawnerMixin.environments == settings.environments
+    assert chart.JupyterHub.tornado_settings["cookie_options"] == {"samesite": "Lax"}
+    assert chart.Spawner.poll_interval == 10
+    # the roles both give users, the spawner, billing's people and the culler
+    chart_roles = {role["name"]: role for role in chart.JupyterHub.load_roles}
+    one_roles = {role["name"]: role for role in one.JupyterHub.load_roles}
+    for name in ["user", "gputap-hub", "gputap-billing-admin", "gputap-instructor", "idle-culler"]:
+        assert chart_roles.get(name, {}).get("scopes") == one_roles.get(name, {}).get("scopes")
+
+
+def test_the_charts_cookies_are_same_site_lax_beside_z2jhs_tornado_settings(chart_dir):
+    """docs/security.md: the hub's cookies (and, through JUPYTERHUB_COOKIE_OPTIONS, the
+    servers') are SameSite=Lax on the chart as on one machine; z2jh's own tornado_settings
+    (slow_spawn_timeout: 0, the spawn page at once) stay. The hub polls servers every 10 s."""
+    manifests = render(chart_dir, values_of(None))
+    values = hub_values(manifests)
+    c = z2jh_config(values)
+    # what z2jh's jupyterhub_config.py sets
+    c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+    configure(c, values["custom"]["gputap"], environ=hub_environ(manifests))
+    assert c.JupyterHub.tornado_settings == {
+        "slow_spawn_timeout": 0,
+        "cookie_options": {"samesite": "Lax"},
+    }
+    assert c.Spawner.poll_interval == 10

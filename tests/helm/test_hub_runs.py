@@ -206,6 +206,8 @@ EXAMPLES = [
     ),
     Example(
         file="github-postgres.yaml",
+        # the example's environments, offered on the form beside gputap's own
+        page=("PyTorch 2.13", "TensorFlow 2.21", "vLLM 0.34"),
         home_size="20Gi",
         github_org="acme",
         postgres=True,
@@ -349,6 +351,8 @@ class Release:
             "HOME": str(self.root / pod_name / "home"),
             "HOSTNAME": pod_name,
             "LANG": "C.UTF-8",
+            # the images hold this checkout's gputap, whichever one the virtualenv installed
+            "PYTHONPATH": str(ROOT),
         }
 
     def pod_network(self, pod_name: str) -> list[str]:

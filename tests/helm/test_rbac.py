@@ -178,18 +178,13 @@ CALLS = [
     ),
 ]
 
-#: the files holding gputap's own Kubernetes calls (KubeSpawner's are z2jh's to grant)
-CODE = [
-    "spawner/kube/spawner.py",
-    "spawner/kube/workers.py",
-    "spawner/kube/disks.py",
-    "spawner/kube/watch.py",
-    "spawner/kube/inventory.py",
-    "spawner/kube/objects.py",
-    "gputap_common/kube_watch.py",
-    "billing_service/loops/kube_meter.py",
-    "billing_service/app.py",
-]
+#: gputap's own code, every file of it, so that a new file's Kubernetes calls are caught too
+#: (KubeSpawner's are z2jh's to grant)
+CODE = sorted(
+    str(path.relative_to(ROOT))
+    for package in ["spawner", "billing_service", "gputap_common"]
+    for path in (ROOT / package).glob("**/*.py")
+)
 API_METHOD = re.compile(r"\b(?:list|read|create|delete|patch|replace)_[a-z_]+\b")
 
 
@@ -207,6 +202,7 @@ def test_the_code_makes_no_call_the_table_misses():
     """A new Kubernetes call in gputap's code fails here until the table (and the rules) say
     who makes it."""
     tabled = {m for c, *_, text in CALLS if c != "kubespawner" for m in API_METHOD.findall(text)}
+    assert {"spawner/kube/spawner.py", "billing_service/loops/kube_meter.py"} <= set(CODE)
     for path in CODE:
         text = (ROOT / path).read_text()
         found = {m for m in API_METHOD.findall(text) if "namespace" in m or m.endswith("_node")}
@@ -476,6 +472,82 @@ def test_billing_accepts_only_the_hub_and_the_proxy(chart_dir, manifests):  # no
     port = {"jupyterhub": {"custom": {"gputap": {"billing": {"port": 9000}}}}}
     moved = the(render(chart_dir, port), "NetworkPolicy", "gputap-billing")
     assert moved["spec"]["ingress"][0]["ports"] == [{"port": 9000, "protocol": "TCP"}]
+
+
+def server_pod_labels(values: dict) -> dict[str, str]:
+    """The labels of a GPU server's pod under the chart: what KubeSpawner's make_pod gives it
+    from z2jh's configuration (common_labels, component, singleuser.extraLabels), with
+    gputap's placement applied over it as GPUKubeSpawner's get_pod_manifest does."""
+    from kubespawner.objects import make_pod
+
+    from spawner.core.catalog import Catalog
+    from spawner.core.placement import Placement
+    from spawner.kube.objects import apply_pod_settings, gpu_pod_settings
+
+    z2jh_labels = {  # z2jh's jupyterhub_config.py: KubeSpawner.common_labels and its component
+        "app": "jupyterhub",
+        "release": RELEASE["name"],
+        "component": "singleuser-server",
+        **values["singleuser"]["extraLabels"],
+    }
+    pod = make_pod(
+        name="jupyter-alice",
+        cmd=["jupyterhub-singleuser"],
+        port=8888,
+        image="gputap/singleuser:0.1.0",
+        labels=z2jh_labels,
+    )
+    catalog = Catalog.load()
+    placement = Placement(catalog.offering("A100-80GB"), 1, "gpu-a100", 8_000_000)
+    settings = gpu_pod_settings(
+        placement,
+        catalog,
+        username="alice",
+        session_id="s-1",
+        product="NVIDIA-A100-SXM4-80GB",
+        hostname="gpu-a100",
+    )
+    return dict(apply_pod_settings(pod, settings).metadata.labels)
+
+
+def test_servers_reach_the_hub_under_z2jhs_network_policies(manifests):
+    """A server reports activity and asks the hub API (docs/kubernetes.md): z2jh's `hub`
+    NetworkPolicy admits pods labelled hub.jupyter.org/network-access-hub, which z2jh's
+    singleuser.extraLabels gives servers and gputap's own labels must not drop; the
+    singleuser policy lets servers out to the hub's port."""
+    labels = server_pod_labels(hub_values(manifests))
+    assert labels["hub.jupyter.org/network-access-hub"] == "true"
+    assert labels["gputap.io/card"] == "A100-80GB"  # gputap's labels are on it too
+    hub = the(manifests, "Deployment", "hub")["spec"]["template"]
+    (container,) = [c for c in hub["spec"]["containers"] if c["name"] == "hub"]
+    hub_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    policy = the(manifests, "NetworkPolicy", "hub")
+    assert "Ingress" in policy["spec"]["policyTypes"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= hub["metadata"]["labels"].items()
+    admitted = [
+        hub_ports.get(port["port"], port["port"])
+        for rule in policy["spec"]["ingress"]
+        if any(
+            set(peer) == {"podSelector"}
+            and peer["podSelector"]["matchLabels"].items() <= labels.items()
+            for peer in rule.get("from", [])
+        )
+        for port in rule.get("ports", [])
+    ]
+    assert 8081 in admitted, policy["spec"]["ingress"]
+    singleuser = the(manifests, "NetworkPolicy", "singleuser")
+    assert singleuser["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    out = [
+        port["port"]
+        for rule in singleuser["spec"]["egress"]
+        if any(
+            "podSelector" in peer
+            and peer["podSelector"]["matchLabels"].items() <= hub["metadata"]["labels"].items()
+            for peer in rule.get("to", [])
+        )
+        for port in rule.get("ports", [])
+    ]
+    assert 8081 in out, singleuser["spec"]["egress"]
 
 
 @pytest.mark.parametrize("values_file", VALUE_FILES, ids=IDS)

@@ -1,4 +1,6 @@
-"""KubeDiskStore against the simulated cluster, through the real kubernetes_asyncio client."""
+"""KubeDiskStore against the simulated cluster, through the real kubernetes_asyncio client, as
+the hub runs it: with the token of ServiceAccount `hub` and the chart's RBAC (tests/kube/
+conftest.py); the tests look at and make what they check as the cluster's administrator."""
 
 import asyncio
 
@@ -7,31 +9,43 @@ from kubernetes_asyncio import client
 
 from spawner.core.disks import DiskConflict, DiskNotFound, DiskUnavailable
 from spawner.kube.disks import KubeDiskStore
-from tests.kube_sim import SimulatedCluster, admin_key
+from tests.kube.conftest import HUB_ACCOUNT, NAMESPACE, gputap_cluster
+from tests.kube_sim import admin_key
 
 
 @pytest.fixture
-async def cluster():
-    async with SimulatedCluster() as c:
+def cluster(chart_rbac):
+    with gputap_cluster(chart_rbac) as c:
         yield c
+
+
+async def core_v1(cluster, api_key: dict[str, str]):
+    async with client.ApiClient(client.Configuration(host=cluster.url, api_key=api_key)) as api:
+        yield client.CoreV1Api(api)
 
 
 @pytest.fixture
 async def v1(cluster):
-    config = client.Configuration(host=cluster.url, api_key=admin_key(cluster))
-    async with client.ApiClient(config) as api_client:
-        v1 = client.CoreV1Api(api_client)
-        await v1.create_namespace({"metadata": {"name": "gputap"}})
+    """The cluster's administrator."""
+    async for v1 in core_v1(cluster, admin_key(cluster)):
         yield v1
 
 
 @pytest.fixture
-def store(v1):
-    return KubeDiskStore(v1, "gputap", "fast-ssd", max_size_gb=50, max_disks=2)
+async def hub_v1(cluster):
+    """The hub, by its ServiceAccount's token."""
+    token = cluster.service_account_token(NAMESPACE, HUB_ACCOUNT)
+    async for v1 in core_v1(cluster, {"BearerToken": f"Bearer {token}"}):
+        yield v1
+
+
+@pytest.fixture
+def store(hub_v1):
+    return KubeDiskStore(hub_v1, NAMESPACE, "fast-ssd", max_size_gb=50, max_disks=2)
 
 
 async def claims(v1):
-    return (await v1.list_namespaced_persistent_volume_claim("gputap")).items
+    return (await v1.list_namespaced_persistent_volume_claim(NAMESPACE)).items
 
 
 async def test_a_disk_is_a_labelled_claim_with_its_record(store, v1):
@@ -139,6 +153,7 @@ async def test_an_unreachable_api_is_said_plainly(store, cluster):
 
 
 async def test_a_missing_namespace_is_the_operators_to_fix(v1):
+    # as an administrator: the hub's own Role holds in the servers' namespace only
     store = KubeDiskStore(v1, "nowhere")
     assert await store.list("alice") == []  # as the real API lists a missing namespace
     with pytest.raises(DiskUnavailable, match="cannot be read or changed"):

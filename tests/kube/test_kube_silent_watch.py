@@ -14,7 +14,8 @@ from gputap_common.settings import load_settings
 from hub_config.hub import apply
 from spawner.core.catalog import Catalog
 from spawner.kube.watch import ClusterWatcher
-from tests.kube_sim import SimulatedCluster, admin_key
+from tests.kube.conftest import HUB_ACCOUNT, NAMESPACE, gputap_cluster
+from tests.kube_sim import admin_key
 from tests.kube_sim.conftest import pod_body
 
 #: how soon a change must show although every watch went silent (the hub's watches last 10 s
@@ -24,21 +25,33 @@ NOTICED_WITHIN = 25
 
 
 @pytest.fixture
-async def cluster():
-    async with SimulatedCluster() as c:
+def cluster(chart_rbac):
+    with gputap_cluster(chart_rbac) as c:
         c.gpu_node("gpu-l40s", product="NVIDIA-L40S", gpus=4, memory_mib=46068)
         c.gpu_node("gpu-a100", product="NVIDIA-A100-SXM4-80GB", gpus=8)
         yield c
 
 
+def hub_key(cluster) -> dict[str, str]:
+    """The `api_key` of the hub's client: ServiceAccount `hub`'s token, the chart's RBAC."""
+    return {"BearerToken": f"Bearer {cluster.service_account_token(NAMESPACE, HUB_ACCOUNT)}"}
+
+
 @pytest.fixture
 async def v1(cluster):
+    """The cluster's administrator, who makes and ends the pods the hub must see."""
     async with client.ApiClient(
         client.Configuration(host=cluster.url, api_key=admin_key(cluster))
     ) as api_client:
-        v1 = client.CoreV1Api(api_client)
-        await v1.create_namespace({"metadata": {"name": "gputap"}})
-        yield v1
+        yield client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+async def hub_v1(cluster):
+    async with client.ApiClient(
+        client.Configuration(host=cluster.url, api_key=hub_key(cluster))
+    ) as api_client:
+        yield client.CoreV1Api(api_client)
 
 
 async def until(predicate, seconds: float) -> float:
@@ -50,8 +63,8 @@ async def until(predicate, seconds: float) -> float:
     return time.monotonic() - t0
 
 
-async def test_a_pods_end_and_a_cordon_are_seen_through_silent_watches(cluster, v1):
-    watcher = ClusterWatcher(v1, Catalog.load())
+async def test_a_pods_end_and_a_cordon_are_seen_through_silent_watches(cluster, v1, hub_v1):
+    watcher = ClusterWatcher(hub_v1, Catalog.load())
     watcher.start()
     try:
         await watcher.ready()
@@ -82,7 +95,7 @@ async def test_the_pod_reflector_as_the_hub_configures_it_sees_a_server_end(clus
     apply(config, load_settings(settings, environ={}))
     previous = client.Configuration.get_default_copy()
     client.Configuration.set_default(
-        client.Configuration(host=cluster.url, api_key=admin_key(cluster))
+        client.Configuration(host=cluster.url, api_key=hub_key(cluster))
     )
     # as KubeSpawner makes it, with the hub's configuration (its parent's)
     pods = PodReflector(config=config, namespace="gputap", labels={"app": "jupyterhub"})

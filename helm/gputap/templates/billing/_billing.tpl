@@ -21,8 +21,9 @@ app.kubernetes.io/component: billing
 {{- end -}}
 
 {{/* Billing's settings file: only what billing reads of jupyterhub.custom.gputap (its own
-section and the servers' namespace it meters; never the hub's secrets), its data on its own
-volume. The checksum of this text rolls billing's pods when it changes. */}}
+section, the servers' namespace it meters and the environments a course may pin; never the
+hub's secrets), its data on its own volume. The checksum of this text rolls billing's pods
+when it changes. */}}
 {{- define "gputap.billing.settings" -}}
 {{- $gputap := dig "custom" "gputap" dict .Values.jupyterhub -}}
 {{- $kube := deepCopy (dig "spawner" "kubernetes" dict $gputap) -}}
@@ -31,6 +32,9 @@ volume. The checksum of this text rolls billing's pods when it changes. */}}
 {{- end -}}
 {{- $spawner := dict "backend" "kubernetes" "kubernetes" $kube -}}
 {{- $settings := dict "data_dir" "/var/lib/gputap-billing" "billing" (dig "billing" dict $gputap) "spawner" $spawner -}}
+{{- with $gputap.environments }}
+{{- $_ := set $settings "environments" . -}}
+{{- end }}
 {{- toYaml $settings -}}
 {{- end -}}
 
