@@ -163,6 +163,7 @@ bench: setup
 	$(PY) bench/kube_spawn.py
 	$(PY) bench/billing_pg.py
 	$(PY) bench/class_spawn.py
+	$(PY) bench/scale_out.py
 
 clean:
 	rm -rf $(VENV) $(JH55) $(DS) node_modules .demo .pytest_cache .hypothesis
