@@ -9,7 +9,7 @@ when its server stops."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import kubernetes
 import pytest
@@ -146,11 +146,11 @@ def test_worker_pods_are_the_servers_own_with_their_gpus_owned_labelled_and_bill
         sessions["w1"]["id"],
         sessions["w2"]["id"],
     }
-    for worker, pod in pods.items():  # from its container's start, as a server's pod
+    for worker, pod in pods.items():  # from its agent's first answer, after its container ran
         [status] = pod["status"]["containerStatuses"]
         started = datetime.fromisoformat(status["state"]["running"]["startedAt"])
         begun = datetime.fromisoformat(sessions[worker]["started_at"])
-        assert abs((begun - started).total_seconds()) <= 1, (worker, begun, started)
+        assert started <= begun <= started + timedelta(seconds=60), (worker, begun, started)
 
     # the group goes with its server: pods, sessions
     platform.stop_server("ada")
