@@ -106,7 +106,8 @@ system-packages:
 
 # The README's screenshots (docs/images), taken by the Chromium tests that check those pages
 SCREENSHOT_TESTS := tests/browser/test_lab_e2e.py tests/browser/test_lab_stops.py \
-	tests/browser/test_money_browser.py tests/browser/test_hub_pages.py
+	tests/browser/test_money_browser.py tests/browser/test_hub_pages.py \
+	tests/browser/test_scale_out_browser.py
 screenshots: setup system-packages
 	GPUTAP_SCREENSHOTS=docs/images $(PY) -m pytest $(SCREENSHOT_TESTS) -q -n 2 --dist loadfile
 

@@ -52,6 +52,9 @@ export interface ISession {
   billed_seconds?: number;
   cost_micro?: number;
   course?: string | null;
+  /** the server's name ("" the default one) and, for a scale-out worker's session, "w1" */
+  server_name?: string;
+  worker?: string;
 }
 
 export interface IWarning {

@@ -1,4 +1,4 @@
-/** The side panel: GPU, Cost, Change GPU and Disks sections over one model. */
+/** The side panel: GPU, Cost, Scale out, Change GPU and Disks sections over one model. */
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 
 import { AppsSection } from './appssection';
@@ -11,12 +11,14 @@ import { gputapIcon } from './icon';
 import { GPUTapModel, IChangeStatus } from './model';
 import { RequestError, sendJSON } from './request';
 import { IRestartContext, followRestart, reloadAfter, saveEverything } from './restart';
+import { ScaleOutSection } from './scaleoutsection';
 import { ModelView } from './view';
 import { Widget } from '@lumino/widgets';
 
 export class GPUTapPanel extends ModelView {
   private _gpu: GPUSection;
   private _cost: CostSection;
+  private _scale: ScaleOutSection;
   private _change: ChangeSection;
   private _disks: DisksSection;
   private _apps = new AppsSection();
@@ -42,6 +44,7 @@ export class GPUTapPanel extends ModelView {
       this._runRestart(ask, leaving);
     this._gpu = new GPUSection(model);
     this._cost = new CostSection(model);
+    this._scale = new ScaleOutSection(model);
     this._change = new ChangeSection(model, restart);
     this._disks = new DisksSection(model, restart);
     this._progress.hidden = true;
@@ -52,6 +55,7 @@ export class GPUTapPanel extends ModelView {
       this._gpu.node,
       this._cost.node,
       h('section', { class: 'gputap-section' }, this._stop),
+      this._scale.node,
       this._change.node,
       this._disks.node,
       this._apps.node
@@ -62,6 +66,7 @@ export class GPUTapPanel extends ModelView {
   protected render(): void {
     this._gpu.update();
     this._cost.update();
+    this._scale.update();
     this._change.update();
     this._disks.update();
     const server = this.model.server;
@@ -97,9 +102,14 @@ export class GPUTapPanel extends ModelView {
     }
   }
 
-  /** Only the cost runs on by itself; the other sections wait for the model. */
+  /**
+   * Only the costs run on by themselves; the other sections wait for the model. The
+   * Scale out section reads its group while the panel is shown.
+   */
   protected tick(): void {
     this._cost.update();
+    this._scale.update();
+    this._scale.poll(this.isVisible && !document.hidden);
   }
 
   /**
