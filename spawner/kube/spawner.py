@@ -269,10 +269,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if watcher is not None:
             watcher.inventory.release(self.reservation(record))
 
-    async def launch(self, placement: Placement) -> str:
-        """What the pod gets beyond KubeSpawner's configuration (get_pod_manifest applies
-        it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs."""
-        record = self.record
+    async def placed_pod_settings(
+        self, placement: Placement, record: ServerRecord
+    ) -> dict[str, Any]:
+        """The pod settings of a placement (the server's, or a worker's), reserved under its
+        record's session until the watch sees its pod bound."""
         watcher = await self.cluster()
         node = watcher.inventory.nodes.get(placement.node) if placement.node else None
         settings = gpu_pod_settings(
@@ -292,6 +293,13 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             environment=record.environment,
         )
         settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
+        return settings
+
+    async def launch(self, placement: Placement) -> str:
+        """What the pod gets beyond KubeSpawner's configuration (get_pod_manifest applies
+        it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs."""
+        record = self.record
+        settings = await self.placed_pod_settings(placement, record)
         if self.server_environment.image:  # else the configured image (gputap's own environment)
             settings["image"] = self.server_environment.image
         if self._home_selector and not placement.node:

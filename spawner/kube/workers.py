@@ -19,14 +19,12 @@ from kubespawner.clients import shared_client
 from tornado import web
 
 from gputap_common import clock
-from gputap_common import labels as keys
 from gputap_common.times import pod_time
 
 from ..core.placement import FreeView, Placement, Request, ServerOptions
 from ..core.record import ServerRecord
 from ..core.workers import Worker
 from .homes import attaches_to_one_node
-from .objects import gpu_pod_settings
 from .worker_objects import AGENT_PORT, WORKER_CONTAINER, group_network_policy, worker_pod
 
 if TYPE_CHECKING:
@@ -90,27 +88,7 @@ class KubeWorkers:
         if server is None or not server["metadata"].get("uid"):
             raise RuntimeError("the server's pod is not in the hub's view of the cluster")
         record = worker.record
-        watcher = await spawner.cluster()
-        placement = worker.placement
-        node = watcher.inventory.nodes.get(record.node) if record.node else None
-        settings = gpu_pod_settings(
-            placement,
-            spawner.catalog,
-            username=spawner.user.name,
-            session_id=record.session_id,
-            server_name=spawner.name,
-            product=node.product if node else None,
-            hostname=node.hostname if node else None,
-            resource=node.resources[placement.offering.key][0]
-            if node and placement.offering.key in node.resources
-            else None,
-            room=watcher.inventory.room(record.node) if record.node else None,
-            price_class=record.price_class,
-            course=record.course,
-            environment=record.environment,
-        )
-        # the watch counts the GPUs under this name until it sees the pod bound
-        settings["extra_annotations"][keys.RESERVATION] = spawner.reservation(record)
+        settings = await spawner.placed_pod_settings(worker.placement, record)
         manifest = worker_pod(
             server,
             settings,
