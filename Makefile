@@ -158,13 +158,14 @@ test-jh55: setup-jh55 system-packages
 gpu-check: setup
 	$(PY) bench/gpu_check.py
 
-bench: setup
+bench: setup setup-jh55
 	$(PY) bench/placement.py
 	$(PY) bench/form_render.py
 	$(PY) bench/kube_spawn.py
 	$(PY) bench/billing_pg.py
 	$(PY) bench/class_spawn.py
 	$(PY) bench/scale_out.py
+	$(JH55_PY) bench/kube_scale_out.py
 
 clean:
 	rm -rf $(VENV) $(JH55) $(DS) node_modules .demo .pytest_cache .hypothesis

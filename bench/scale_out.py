@@ -124,11 +124,13 @@ SECONDS = re.compile(r"SECONDS (\d+\.\d+)")
 
 
 class Group:
-    """The user's group through the hub's workers API, with the user's token."""
+    """The user's group through the hub's workers API, with the user's token; each worker
+    on ``options`` (None: the server's own GPUs)."""
 
-    def __init__(self, platform: Platform, token: str):
+    def __init__(self, platform: Platform, token: str, options: dict | None = WORKER):
         self.url = f"{platform.url}/hub/gputap/api/users/{USER}/server/workers"
         self.headers = {"Authorization": f"token {token}"}
+        self.options = options
 
     def view(self) -> dict:
         r = requests.get(self.url, headers=self.headers, timeout=30)
@@ -141,7 +143,7 @@ class Group:
     def scale(self, count: int) -> float:
         """Seconds from the POST to every one of ``count`` workers ready."""
         start = time.perf_counter()
-        body = {"count": count, "options": WORKER}
+        body = {"count": count} | ({"options": self.options} if self.options else {})
         r = requests.post(self.url, headers=self.headers, json=body, timeout=60)
         if r.status_code != 202:
             raise RuntimeError(f"the hub answered {r.status_code}: {r.text}")
