@@ -416,10 +416,10 @@ class WorkerGroup:
         last = max(w.idle_since or w.started_at or clock.utcnow() for w in ready)
         idle = (clock.utcnow() - last).total_seconds()
         if idle >= limit:
-            minutes = max(1, round(idle / 60))
+            took = f"{idle:.0f} s" if idle < 120 else f"{round(idle / 60)} minutes"
             self._stop_now(
                 [w.index for w in self.active],
-                f"No job ran on the group for {minutes} minute(s) (scale_out.idle_seconds).",
+                f"No job ran on the group for {took} (scale_out.idle_seconds).",
             )
 
     # -- stopping -----------------------------------------------------------------------------
