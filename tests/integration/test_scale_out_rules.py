@@ -99,7 +99,8 @@ def test_a_course_forbids_or_caps_scale_out_of_the_servers_it_pays_for(platform)
     """A course's max_workers: 0 (the default) forbids workers beside its servers, N caps
     them; the workers it allows are billed to the course, as their server."""
     closed = course(platform, "No scale-out", "cat")
-    capped = course(platform, "Two nodes", "dan", max_workers=1)
+    # (a worker's GPUs count among those a student runs at once on the course)
+    capped = course(platform, "Two nodes", "dan", max_workers=1, max_concurrent_gpus=2)
     for student, slug in (("cat", closed), ("dan", capped)):
         r = platform.spawn(student, {**SLICE, "course": slug})
         assert r.status_code in (201, 202), r.text
