@@ -24,6 +24,8 @@ WORKER_CONTAINER = keys.WORKER_CONTAINER
 #: variables of the server's container a worker does not get (the hub's credentials)
 HUB_ONLY = ("JUPYTERHUB_", "JPY_")
 ROLE_WORKER = "worker"
+#: the label every namespace has with its own name
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 
 
 def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -115,7 +117,10 @@ def worker_pod(
         "nodeSelector": dict(settings.get("node_selector") or {}),
         "tolerations": copy.deepcopy(settings.get("tolerations") or []),
     }
-    for key in ("securityContext", "priorityClassName", "schedulerName", "imagePullSecrets"):
+    # what the server's pod runs first runs first here too (z2jh's block-cloud-metadata: user
+    # code on a worker reaches the cloud's metadata no more than on the server)
+    for key in ("initContainers", "securityContext", "priorityClassName", "schedulerName",
+                "imagePullSecrets", "runtimeClassName"):  # fmt: skip
         if spec.get(key) is not None:
             pod_spec[key] = copy.deepcopy(spec[key])
     return {
@@ -132,20 +137,30 @@ def worker_pod(
     }
 
 
-def group_network_policy(
-    server_pod: Mapping[str, Any], hub_selector: Mapping[str, str]
-) -> dict[str, Any]:
+def hub_peer(release: str = "", namespace: str = "") -> dict[str, Any]:
+    """The hub's pods as z2jh labels them (``component: hub`` of its ``release``), in the
+    hub's ``namespace``: a NetworkPolicy peer (the hub knows both from z2jh's
+    HELM_RELEASE_NAME and POD_NAMESPACE)."""
+    labels = {"component": "hub", **({"release": release} if release else {})}
+    peer: dict[str, Any] = {"podSelector": {"matchLabels": labels}}
+    if namespace:
+        peer["namespaceSelector"] = {"matchLabels": {NAMESPACE_LABEL: namespace}}
+    return peer
+
+
+def group_network_policy(server_pod: Mapping[str, Any], hub: Mapping[str, Any]) -> dict[str, Any]:
     """The group's NetworkPolicy: the server's pod and its workers (selected by their shared
-    labels) reach one another on any port, and pods matching ``hub_selector`` (the hub) reach
-    the workers' agents; z2jh's own policies keep what they allow."""
+    labels) reach one another on any port, and the ``hub`` peer (:func:`hub_peer`) reaches the
+    workers' agents; z2jh's own policies keep what they allow. Its name carries the server
+    pod's uid: a policy left by an earlier pod of the same name (the garbage collector deletes
+    it with that pod) is never taken for this group's."""
     meta = server_pod["metadata"]
     members = {"podSelector": {"matchLabels": group_selector(server_pod)}}
-    hub = {"podSelector": {"matchLabels": dict(hub_selector)}}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": f"{meta['name']}-group",
+            "name": f"{meta['name']}-group-{meta['uid'][:8]}",
             "namespace": meta["namespace"],
             "labels": {
                 **group_selector(server_pod),
@@ -159,7 +174,7 @@ def group_network_policy(
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {"from": [members]},
-                {"from": [hub], "ports": [{"protocol": "TCP", "port": AGENT_PORT}]},
+                {"from": [dict(hub)], "ports": [{"protocol": "TCP", "port": AGENT_PORT}]},
             ],
             "egress": [{"to": [members]}],
         },

@@ -10,6 +10,7 @@ refused with a 409 that says so.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -25,13 +26,17 @@ from ..core.placement import FreeView, Placement, Request, ServerOptions
 from ..core.record import ServerRecord
 from ..core.workers import Worker
 from .homes import attaches_to_one_node
-from .worker_objects import AGENT_PORT, WORKER_CONTAINER, group_network_policy, worker_pod
+from .worker_objects import (
+    AGENT_PORT,
+    WORKER_CONTAINER,
+    group_network_policy,
+    hub_peer,
+    worker_pod,
+)
 
 if TYPE_CHECKING:
     from .spawner import GPUKubeSpawner
 
-#: the hub's pods as z2jh labels them: they reach the workers' agents
-HUB_SELECTOR = {"component": "hub"}
 #: how long a worker pod has to get an address (scheduled, started)
 POD_START_SECONDS = 300.0
 #: how often a worker's pod is looked at in the hub's watch cache
@@ -120,7 +125,8 @@ class KubeWorkers:
             await asyncio.sleep(LOOK_SECONDS)
 
     async def _ensure_policy(self, server: Mapping[str, Any]) -> None:
-        policy = group_network_policy(server, HUB_SELECTOR)
+        hub = hub_peer(os.environ.get("HELM_RELEASE_NAME", ""), os.environ.get("POD_NAMESPACE", ""))
+        policy = group_network_policy(server, hub)
         api = shared_client("NetworkingV1Api")
         try:
             await api.create_namespaced_network_policy(self.spawner.namespace, policy)

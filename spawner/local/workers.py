@@ -50,10 +50,16 @@ def worker_host(index: int) -> str:
     return f"127.0.0.{index + 1}"
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def listening_socket(host: str) -> socket.socket:
+    """A socket listening on a free port of ``host``, for a worker's agent to answer on."""
+    sock = socket.socket()
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def ended_how(code: int | None) -> str:
@@ -141,18 +147,26 @@ class LocalWorkers:
     async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
         spawner = self.spawner
         host = worker_host(worker.index)
-        port = free_port(host)
         program = agent_program(spawner.server_environment.python, list(spawner.cmd))
-        command = [*reaper_command(), program, "--host", host, "--port", str(port)]
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            "--name",
-            worker.name,
-            env=self._env(worker, token),
-            preexec_fn=self._preexec(),
-            start_new_session=True,  # its own process group, ended as a whole
-            stdin=asyncio.subprocess.DEVNULL,
-        )
+        # the hub binds the agent's socket and hands it over: a port chosen and then bound
+        # by the agent could be taken meanwhile by another local user, whom the hub's first
+        # look would send the group's token
+        with listening_socket(host) as sock:
+            port = sock.getsockname()[1]
+            fd = sock.fileno()
+            command = [*reaper_command(), program, "--host", host, "--port", str(port)]
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                "--fd",
+                str(fd),
+                "--name",
+                worker.name,
+                env=self._env(worker, token),
+                preexec_fn=self._preexec(),
+                start_new_session=True,  # its own process group, ended as a whole
+                stdin=asyncio.subprocess.DEVNULL,
+                pass_fds=(fd,),
+            )
         self._procs[worker.index] = proc
         worker.handle["pid"] = proc.pid
         spawner.log.info(

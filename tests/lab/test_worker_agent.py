@@ -19,6 +19,7 @@ import requests
 
 from gputap.launch import launcher_args, node_env
 from gputap.magic import parse
+from spawner.local.workers import listening_socket
 from tests.platform import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,3 +185,35 @@ def test_the_magic_splits_its_options_from_the_scripts():
     assert args == ["--workers", "9", "-x"]
     with pytest.raises(ValueError, match="usage: %gputap_run"):
         parse("--workers two train.py")
+
+
+def test_the_agent_answers_on_the_socket_the_hub_bound_and_its_jobs_do_not_hold_it(tmp_path):
+    """One machine: the hub binds the agent's socket and hands it over (--fd), so no other
+    local user can take the port first; the agent's jobs do not inherit it."""
+    token = secrets.token_urlsafe(24)
+    env = {**os.environ, "GPUTAP_WORKER_TOKEN": token, "PYTHONPATH": str(EXTENSION)}
+    with listening_socket("127.0.0.1") as sock:
+        port = sock.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gputap_lab.worker", "--fd", str(sock.fileno()),
+             "--name", "w1"],
+            env=env,
+            cwd=tmp_path,
+            pass_fds=(sock.fileno(),),
+        )  # fmt: skip
+    headers = {"Authorization": f"token {token}"}
+    try:
+        # the port was listening before the agent started: the first look waits, then answers
+        r = requests.get(f"http://127.0.0.1:{port}/status", headers=headers, timeout=30)
+        assert r.status_code == 200 and r.json()["busy"] is False
+        connection, response = stream(
+            port, headers, {"argv": ["sh", "-c", "ls -l /proc/self/fd"], "env": {}, "cwd": ""}
+        )
+        lines = [json.loads(line) for line in response.read().decode().splitlines()]
+        connection.close()
+        assert lines[-1] == {"exit": 0}
+        listed = "".join(line.get("out", "") for line in lines)
+        assert "socket:" not in listed, listed
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -12,7 +12,7 @@ from spawner.core.catalog import Catalog
 from spawner.core.placement import CardRequest, CpuRequest, RequestError, SliceRequest, SpecRequest
 from spawner.core.record import ServerRecord
 from spawner.core.workers import READY, Worker, parse_worker_request
-from spawner.kube.worker_objects import group_network_policy, worker_pod
+from spawner.kube.worker_objects import group_network_policy, hub_peer, worker_pod
 from spawner.kube.workers import KubeWorkers
 from spawner.local.workers import agent_program, ended_how, worker_host
 
@@ -115,6 +115,8 @@ SERVER_POD = {
         "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "home-alice"}}],
         "securityContext": {"fsGroup": 100},
         "priorityClassName": "gputap-on-demand",
+        # z2jh's singleuser.cloudMetadata.blockWithIptables
+        "initContainers": [{"name": "block-cloud-metadata", "image": "k8s-network-tools"}],
     },
 }
 
@@ -133,6 +135,7 @@ def test_a_worker_pod_is_its_servers_with_its_own_gpus_and_no_hub_token():
     pod = worker_pod(
         SERVER_POD, settings, worker="w1", token="t" * 32, offering="A100-80GB", count=1
     )
+    assert pod["spec"]["initContainers"] == SERVER_POD["spec"]["initContainers"]
     assert pod["metadata"] == {
         "name": "jupyter-alice-w1",
         "namespace": "gputap",
@@ -182,10 +185,15 @@ def test_a_worker_pod_needs_the_token():
 
 
 def test_the_group_policy_opens_the_group_to_itself_and_the_agents_to_the_hub():
-    policy = group_network_policy(SERVER_POD, {"component": "hub"})
+    hub = hub_peer("gputap", "jhub")
+    assert hub == {
+        "podSelector": {"matchLabels": {"component": "hub", "release": "gputap"}},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}},
+    }
+    policy = group_network_policy(SERVER_POD, hub)
     members = {"podSelector": {"matchLabels": {"gputap.io/user": "alice",
                                                "gputap.io/server": "default"}}}  # fmt: skip
-    assert policy["metadata"]["name"] == "jupyter-alice-group"
+    assert policy["metadata"]["name"] == "jupyter-alice-group-0b7c-uid"
     assert policy["metadata"]["ownerReferences"][0]["uid"] == "0b7c-uid"
     assert policy["spec"] == {
         "podSelector": members["podSelector"],
@@ -193,7 +201,7 @@ def test_the_group_policy_opens_the_group_to_itself_and_the_agents_to_the_hub():
         "ingress": [
             {"from": [members]},
             {
-                "from": [{"podSelector": {"matchLabels": {"component": "hub"}}}],
+                "from": [hub],
                 "ports": [{"protocol": "TCP", "port": 8790}],
             },
         ],

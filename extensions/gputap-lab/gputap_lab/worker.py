@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -249,9 +250,19 @@ def make_app(agent: Agent) -> tornado.web.Application:
     )
 
 
-async def serve(host: str, port: int, agent: Agent) -> None:
+async def serve(host: str, port: int, agent: Agent, fd: int | None = None) -> None:
+    """Answer on ``host:port``, or on the listening socket ``fd`` the hub bound and handed
+    over (one machine: no other local user can take the port between its choice and the
+    agent's start, and be sent the group's token)."""
     server = HTTPServer(make_app(agent), max_body_size=MAX_BODY_BYTES)
-    server.listen(port, host)
+    if fd is None:
+        server.listen(port, host)
+    else:
+        os.set_inheritable(fd, False)  # the jobs do not get it
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        server.add_sockets([sock])
+        host, port = sock.getsockname()[:2]
     log.info("gputap worker %s listening on %s:%s", agent.name, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -267,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gputap-worker", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8790, help="port to listen on")
+    parser.add_argument("--fd", type=int, help="a listening socket to answer on instead")
     parser.add_argument("--name", default=os.environ.get("GPUTAP_WORKER_NAME", "worker"))
     args = parser.parse_args(argv)
     token = os.environ.get(TOKEN_ENV, "")
@@ -277,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname)1.1s %(asctime)s worker] %(message)s"
     )
-    asyncio.run(serve(args.host, args.port, Agent(args.name, token)))
+    asyncio.run(serve(args.host, args.port, Agent(args.name, token), args.fd))
     return 0
 
 
