@@ -315,7 +315,9 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         raise RequestError('options must be an object such as {"kind": "card", ...}')
     kind = options.get("kind")
     if not isinstance(kind, str) or kind not in _FIELDS:
-        raise RequestError(f"kind must be one of card, slice, shared, spec, cpu (not {shown(kind)})")
+        raise RequestError(
+            f"kind must be one of card, slice, shared, spec, cpu (not {shown(kind)})"
+        )
     unknown = sorted(set(options) - _FIELDS[kind], key=str)
     if unknown:
         allowed = ", ".join(sorted(_FIELDS[kind]))
