@@ -67,13 +67,18 @@ class Enforcer(Loop):
             url = worker_stop_url(
                 self.hub.api_url, session.username, session.server_name, session.worker
             )
+            # worker names are reused once a worker ended: the hub stops wK only while it
+            # still runs this session (409 otherwise)
+            body: dict[str, str] | None = {"session_id": session.id}
         else:
             target = f"{session.username}/{session.server_name}"
             url = stop_url(self.hub.api_url, session.username, session.server_name)
+            body = None
         try:
-            response = await self.hub.fetch(url, "POST")
+            response = await self.hub.fetch(url, "POST", body)
         except HTTPClientError as e:
-            # 400/404: not running (any more) or no such user; the spawner settles the rest.
+            # 400/404: not running (any more) or no such user; 409: the worker's name runs
+            # another session now. The spawner settles the rest.
             log.warning("Enforcement: hub refused to stop %s: HTTP %s", target, e.code)
             return False
         except OSError as e:

@@ -4,6 +4,8 @@ workers API of a server (its workers, and the stop of one)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
 from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest, HTTPResponse
@@ -56,12 +58,17 @@ class HubAPI:
         self._api_token = api_token
         self.http_client = http_client or AsyncHTTPClient()
 
-    async def fetch(self, url: str, method: str = "GET") -> HTTPResponse:
-        """``method`` ``url`` with the token (a POST with an empty body);
+    async def fetch(
+        self, url: str, method: str = "GET", json_body: dict[str, Any] | None = None
+    ) -> HTTPResponse:
+        """``method`` ``url`` with the token (a POST with ``json_body``, or an empty body);
         ``HTTPClientError`` when the hub answers an error, ``OSError`` when it cannot be
         reached."""
         headers = {"Authorization": f"token {self._api_token}"}
         body = b"" if method == "POST" else None
+        if json_body is not None:
+            headers["Content-Type"] = "application/json"
+            body = json.dumps(json_body).encode()
         return await self.http_client.fetch(
             HTTPRequest(url, method=method, headers=headers, body=body)
         )

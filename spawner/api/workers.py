@@ -13,6 +13,7 @@ from jupyterhub.scopes import has_scope
 from tornado import web
 
 from gputap_common import clock
+from gputap_common.bodies import shown
 
 from ..core.form import course_offers
 from ..core.placement import RequestError
@@ -103,16 +104,28 @@ class WorkersHandler(_WorkersAPI):
             )
 
 
+#: what a worker's stop may carry: the billing session it is meant for
+STOP_FIELDS = ("session_id",)
+
+
 class WorkerStopHandler(_WorkersAPI):
     """POST {server}/workers/{wK}/stop: stop one worker (billing, when credit runs out)."""
 
     async def post(self, user_name: str, server_name: str | None, worker: str) -> None:
         user, spawner = self.find_server(user_name, server_name, "delete:servers")
-        if self.request.body.strip() not in (b"", b"{}"):
-            raise web.HTTPError(400, "stop takes no body: who asks is the reason recorded.")
+        # who asks is the reason recorded; a session id makes sure the stop meant for a
+        # session that ended does not hit a newer worker of the same name (billing's)
+        session_id = self.json_body(STOP_FIELDS).get("session_id")
+        if session_id is not None and not isinstance(session_id, str):
+            raise web.HTTPError(400, f"session_id must be a string, not {shown(session_id)}")
         group = spawner.workers
-        if not any(w.name == worker for w in group.workers.values()):
-            raise web.HTTPError(404, f"{spawner.who} has no worker {worker[:8]!r}")
+        found = next((w for w in group.workers.values() if w.name == worker), None)
+        if found is None:
+            raise web.HTTPError(404, f"{spawner.who} has no worker {shown(worker)}")
+        if session_id is not None and (
+            found.record is None or found.record.session_id != session_id
+        ):
+            raise web.HTTPError(409, f"{worker} now runs another session: nothing stopped.")
         stopped = await group.stop(self._why(user.name), names=[worker], wait=False)
         self.set_status(202 if stopped else 204)
         self.finish()

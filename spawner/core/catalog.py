@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from gputap_common.bodies import shown
+
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 CPU_KEY = "cpu"
 #: The most GPU instance slices a MIG-capable card has (A100, H100, H200, B200: 7; A30: 4,
@@ -214,7 +216,7 @@ class Catalog:
             return self.cards[sku]
         except KeyError:
             known = ", ".join(sorted(self.cards))
-            raise ValueError(f"unknown card {sku!r}; known cards: {known}") from None
+            raise ValueError(f"unknown card {shown(sku)}; known cards: {known}") from None
 
     @cached_property
     def _offerings(self) -> dict[str, Offering]:
@@ -248,7 +250,7 @@ class Catalog:
         try:
             return self._offerings[key]
         except KeyError:
-            raise ValueError(f"unknown card or slice {key!r}") from None
+            raise ValueError(f"unknown card or slice {shown(key)}") from None
 
     @cached_property
     def _by_product(self) -> dict[str, Card]:

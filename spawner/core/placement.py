@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 
 from .catalog import CPU_KEY, SHARED, Catalog, Offering, offering_key
@@ -32,6 +33,9 @@ from .catalog import CPU_KEY, SHARED, Catalog, Offering, offering_key
 MAX_SPEC_MEMORY_GB = 10_000
 MAX_SPEC_TFLOPS = 100_000
 MAX_COUNT = 64
+#: a count sent as text: ASCII digits only, at most this many ("²" and "٣" are digits to
+#: str.isdigit but not to int(); a very long one is refused by int() too)
+MAX_COUNT_DIGITS = 4
 
 
 class RequestError(ValueError):
@@ -204,10 +208,15 @@ _FIELDS = {
 
 def _count(options: Mapping[str, Any]) -> int:
     count = options.get("count", 1)
-    if isinstance(count, str) and count.strip().isdigit():
-        count = int(count)
+    if isinstance(count, str):
+        text = count.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= MAX_COUNT_DIGITS):
+            raise RequestError(
+                f"count must be a whole number of GPUs (1 to {MAX_COUNT}), not {shown(count)}"
+            )
+        count = int(text)
     if isinstance(count, bool) or not isinstance(count, int):
-        raise RequestError(f"count must be a whole number of GPUs, not {count!r}")
+        raise RequestError(f"count must be a whole number of GPUs, not {shown(count)}")
     if count < 1:
         raise RequestError(f"count must be at least 1, not {count}")
     if count > MAX_COUNT:
@@ -221,9 +230,9 @@ def _number(options: Mapping[str, Any], key: str, upper: float) -> float:
         try:
             value = float(value) if value.strip() else 0
         except ValueError:
-            raise RequestError(f"{key} must be a number, not {value!r}") from None
+            raise RequestError(f"{key} must be a number, not {shown(value)}") from None
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise RequestError(f"{key} must be a number, not {value!r}")
+        raise RequestError(f"{key} must be a number, not {shown(value)}")
     if value < 0:
         raise RequestError(f"{key} must not be negative ({value})")
     if value > upper:
@@ -261,7 +270,7 @@ def _flag(options: Mapping[str, Any], key: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "on", "1", "false", "off", "0", ""):
         return value.lower() in ("true", "on", "1")
     if not isinstance(value, bool):
-        raise RequestError(f"{key} must be true or false, not {value!r}")
+        raise RequestError(f"{key} must be true or false, not {shown(value)}")
     return value
 
 
@@ -276,7 +285,7 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
         options.pop(key, None)
     course = options.pop("course", "") or ""
     if not isinstance(course, str) or (course and not COURSE_SLUG.fullmatch(course)):
-        raise RequestError(f"course must be the slug of one of your courses, not {course!r}")
+        raise RequestError(f"course must be the slug of one of your courses, not {shown(course)}")
     if course and flags["spot"]:
         raise RequestError("a course pays for on-demand servers only; leave spot off")
     environment = _text(options.pop("environment", ""), "environment", "the key of an environment")
@@ -306,11 +315,14 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         raise RequestError('options must be an object such as {"kind": "card", ...}')
     kind = options.get("kind")
     if not isinstance(kind, str) or kind not in _FIELDS:
-        raise RequestError(f"kind must be one of card, slice, shared, spec, cpu (not {kind!r})")
-    unknown = sorted(set(options) - _FIELDS[kind])
+        raise RequestError(
+            f"kind must be one of card, slice, shared, spec, cpu (not {shown(kind)})"
+        )
+    unknown = sorted(set(options) - _FIELDS[kind], key=str)
     if unknown:
         allowed = ", ".join(sorted(_FIELDS[kind]))
-        raise RequestError(f"unknown option(s) {', '.join(unknown)} for kind {kind}; use {allowed}")
+        names = ", ".join(shown(name) for name in unknown[:5])
+        raise RequestError(f"unknown option(s) {names} for kind {kind}; use {allowed}")
     if kind == "cpu":
         return CpuRequest()
     if kind == "spec":
@@ -335,7 +347,7 @@ def parse_request(options: Mapping[str, Any] | None, catalog: Catalog) -> Reques
         raise RequestError(f"{LEGACY_PROFILE_KEY} is the older name of {MIG_PROFILE_KEY}; send one")
     if not isinstance(profile, str) or card.profile(profile) is None:
         names = ", ".join(p.name for p in card.mig_profiles) or "none: it has no MIG"
-        raise RequestError(f"{card.sku} has no MIG profile {profile!r}; its profiles: {names}")
+        raise RequestError(f"{card.sku} has no MIG profile {shown(profile)}; its profiles: {names}")
     return SliceRequest(card.sku, profile)
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from tornado import web
 
 from gputap_common import clock
+from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 
 from ..core.placement import FreeView, Placement, Refusal, Request
@@ -114,6 +115,8 @@ class WorkerGroup:
         self._tasks: set[asyncio.Task] = set()
         #: each worker's life (placing, launching, watching it), by index
         self._lives: dict[int, asyncio.Task] = {}
+        #: workers whose agent sent a malformed status (logged once each)
+        self._garbled: set[int] = set()
 
     # -- views ----------------------------------------------------------------------------
 
@@ -170,7 +173,9 @@ class WorkerGroup:
                     "The group runs other workers; stop it first to change what they run on.",
                 )
             self.request = wanted
-            if not self.token:
+            if not self.token or not active:
+                # a group growing from empty gets a new token: the last one was dropped from
+                # the saved state when its last worker ended (to_state)
                 self.token = secrets.token_urlsafe(32)
             if len(active) > wanted.count:
                 extra = [w.index for w in active[wanted.count :]]
@@ -186,7 +191,10 @@ class WorkerGroup:
                 else:
                     await self._place_all(new, server)
                     for worker in new:
-                        self._spawn(self._run(worker), worker)
+                        if worker.state == STARTING:
+                            self._spawn(self._run(worker), worker)
+                        else:  # stopped while it was placed or admitted: it has no life
+                            self._give_back(worker)  # task a stop could cancel
             except BaseException:
                 for worker in new:
                     self.workers.pop(worker.index, None)
@@ -212,6 +220,8 @@ class WorkerGroup:
         taken: list[Worker] = []
         try:
             for n, worker in enumerate(new):
+                if worker.state != PLACING:
+                    continue  # stopped while the views and prices were asked for
                 # no await between deciding and taking: no other spawn decides in between
                 answer = placing.decide_in_turn(
                     request, self.holder(worker), free_view(), self.owner.catalog, prices
@@ -226,7 +236,8 @@ class WorkerGroup:
                 self._take(worker, answer, server)
                 taken.append(worker)
             for worker in taken:
-                await self._admit(worker)
+                if worker.state == STARTING:
+                    await self._admit(worker)
         except BaseException:
             for worker in taken:
                 self.owner.worker_backend().release(worker.record, self.holder(worker))
@@ -375,11 +386,23 @@ class WorkerGroup:
         )
         self.owner.save_state_now()
 
-    def _heard(self, worker: Worker, status: dict[str, Any]) -> None:
-        worker.busy = bool(status.get("busy"))
-        worker.idle_since = parse_time(status.get("idle_since")) or worker.idle_since
-        worker.gpus = status.get("gpus")
-        worker.gpu_note = str(status.get("gpu_note") or "")
+    def _heard(self, worker: Worker, status: Any) -> None:
+        """Take what the agent said; a status that is not as the agent writes it is ignored
+        (logged once per worker) and the worker's last known values stay."""
+        heard = agent_status(status)
+        if heard is None:
+            if worker.index not in self._garbled:
+                self._garbled.add(worker.index)
+                self.owner.log.warning(
+                    "%s#%s: its agent's status is malformed (%s); ignored",
+                    *(self.owner.who, worker.name, shown(status)),
+                )
+            return
+        busy, idle_since, gpus, note = heard
+        worker.busy = busy
+        worker.idle_since = idle_since or worker.idle_since
+        worker.gpus = gpus
+        worker.gpu_note = note
         worker.seen_at = clock.utcnow()
 
     # -- watching the group -------------------------------------------------------------------
@@ -472,15 +495,17 @@ class WorkerGroup:
     def to_state(self) -> dict[str, Any] | None:
         if not self.workers:
             return None
+        live = [w.to_state() for w in self.workers.values() if w.state in LIVE]
         return {
-            "token": self.token,
+            # no worker can use the token once none is live: it is not kept at rest
+            "token": self.token if live else "",
             "request": self.request
             and {
                 "count": self.request.count,
                 "queue": self.request.queue,
                 "options": request_view(self.request.request),
             },
-            "workers": [w.to_state() for w in self.workers.values() if w.state in LIVE],
+            "workers": live,
         }
 
     def load_state(self, state: dict[str, Any], parse_request: Callable[[dict], Request]) -> None:
@@ -507,6 +532,33 @@ class WorkerGroup:
             self._spawn(self._ended(worker, seen, "ended while the hub was down"))
         if self.active:
             self._ensure_watch()
+
+
+def agent_status(
+    status: Any,
+) -> tuple[bool, datetime | None, list[dict[str, Any]] | None, str] | None:
+    """An agent's status (``busy``: true or false, ``idle_since``: an ISO time with its zone
+    or null, ``gpus``: a list of objects or null, ``gpu_note``: text) as (busy, idle_since,
+    gpus, note), or None when it is not that."""
+    if not isinstance(status, dict):
+        return None
+    busy, since, gpus = status.get("busy", False), status.get("idle_since"), status.get("gpus")
+    note = status.get("gpu_note") or ""
+    if not isinstance(busy, bool) or not isinstance(note, str):
+        return None
+    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+        return None
+    idle_since = None
+    if since is not None:
+        if not isinstance(since, str) or len(since) > 40:
+            return None
+        try:
+            idle_since = parse_time(since)
+        except ValueError:
+            return None
+        if idle_since is not None and idle_since.utcoffset() is None:
+            return None  # a naive time cannot be compared with the hub's clock
+    return busy, idle_since, gpus, note[:200]
 
 
 def _why(error: BaseException) -> str:

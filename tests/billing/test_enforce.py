@@ -1,3 +1,4 @@
+import json
 from datetime import timedelta
 
 from billing_service.domain.enforcement import sessions_to_stop
@@ -208,3 +209,8 @@ async def test_enforcer_stops_a_worker_through_its_stop_endpoint_before_servers(
         ("POST", f"{base}/ada/servers/gpu/stop"),
     ]
     assert all(r.headers["Authorization"] == "token secret" for r in client.requests)
+    # a worker's stop names its session (names are reused after a worker ends); a server's
+    # stop has no body
+    bodies = [r.body and json.loads(r.body) for r in client.requests]
+    assert bodies == [{"session_id": "s1w1"}, {"session_id": "bw1"}, {"session_id": "bw2"}, b""]
+    assert client.requests[0].headers["Content-Type"] == "application/json"

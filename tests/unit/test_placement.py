@@ -262,3 +262,27 @@ def test_a_slice_names_its_mig_profile_and_the_older_key_still_works():
     assert canonical_options(old) == new and canonical_options(new) == new
     with pytest.raises(RequestError, match="older name of mig_profile"):
         parse_request({**new, "profile": "2g.20gb"}, CATALOG)
+
+
+@pytest.mark.parametrize("count", ["²", "٣", "1" * 5000, "12345", " "])
+def test_a_count_int_cannot_read_is_a_request_error_not_a_crash(count):
+    # "²".isdigit() and "٣".isdigit() are True, yet int() refuses both (and 5,000 digits)
+    with pytest.raises(RequestError, match="whole number of GPUs"):
+        parse_request({"kind": "card", "card": "T4", "count": count}, CATALOG)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"kind": "card", "card": "X" * 10_000},
+        {"kind": "x" * 10_000},
+        {"kind": "card", "card": "T4", "count": "x" * 10_000},
+        {"kind": "card", "card": "T4", **{f"{i}" + "y" * 10_000: 1 for i in range(20)}},
+        {"kind": "slice", "card": "A100-80GB", "mig_profile": "p" * 10_000},
+        {"kind": "spec", "min_memory_gb": "m" * 10_000},
+    ],
+)
+def test_a_refusal_never_echoes_a_long_value_whole(options):
+    with pytest.raises(RequestError) as refused:
+        parse_request(options, CATALOG)
+    assert len(str(refused.value)) < 400
