@@ -184,3 +184,29 @@ def test_the_magic_splits_its_options_from_the_scripts():
     assert args == ["--workers", "9", "-x"]
     with pytest.raises(ValueError, match="usage: %gputap_run"):
         parse("--workers two train.py")
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"argv": ["echo", "a\0b"]}, "argv"),
+        ({"argv": ["true"], "env": {"A": "x\0y"}}, "env"),
+        ({"argv": ["true"], "env": {"A\0B": "x"}}, "env"),
+        ({"argv": ["true"], "cwd": "/tmp\0/x"}, "cwd"),
+    ],
+)
+def test_a_nul_character_is_refused_by_name(agent, body, where):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, json=body, timeout=10)
+    assert r.status_code == 400, r.text
+    message = r.json()["message"]
+    assert where in message and "NUL" in message and "\0" not in message
+    assert requests.get(url + "/status", headers=headers, timeout=5).json()["busy"] is False
+
+
+@pytest.mark.parametrize("name", ["", "A=B"])
+def test_an_environment_name_must_be_one(agent, name):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, json={"argv": ["true"], "env": {name: "x"}},
+                      timeout=10)  # fmt: skip
+    assert r.status_code == 400 and "env" in r.json()["message"], r.text

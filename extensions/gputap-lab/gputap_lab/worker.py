@@ -198,7 +198,22 @@ def job_body(raw: bytes) -> tuple[list[str], dict[str, str], str]:
         raise tornado.web.HTTPError(400, "env must map names to strings")
     if not isinstance(cwd, str):
         raise tornado.web.HTTPError(400, "cwd must be a folder's path")
+    # the operating system takes none of these (subprocess raises ValueError)
+    nul = [f"argv[{i}]" for i, a in enumerate(argv) if "\0" in a]
+    nul += [f"env {_shown(k)}" for k, v in env.items() if "\0" in k or "\0" in v]
+    nul += ["cwd"] if "\0" in cwd else []
+    if nul:
+        raise tornado.web.HTTPError(400, f"a NUL character cannot be passed: {', '.join(nul)}")
+    if bad := [_shown(k) for k in env if not k or "=" in k]:
+        raise tornado.web.HTTPError(
+            400, f"env names must be non-empty, without '=': {', '.join(bad)}"
+        )
     return argv, env, cwd
+
+
+def _shown(name: str, most: int = 40) -> str:
+    """A name in a refusal: quoted (control characters escaped) and cut short."""
+    return repr(name if len(name) <= most else name[:most] + "…")
 
 
 class RunHandler(Handler):
@@ -210,7 +225,7 @@ class RunHandler(Handler):
             raise tornado.web.HTTPError(409, "a job runs on this worker already")
         try:
             job = self._job = await self.agent.start(argv, env, cwd)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: what job_body did not foresee
             raise tornado.web.HTTPError(400, f"cannot run {os.path.basename(argv[0])}: {e}") from e
         self.set_header("Content-Type", "application/x-ndjson")
         self.set_header("Cache-Control", "no-store")
