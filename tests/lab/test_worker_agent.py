@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -184,6 +185,29 @@ def test_the_magic_splits_its_options_from_the_scripts():
     assert args == ["--workers", "9", "-x"]
     with pytest.raises(ValueError, match="usage: %gputap_run"):
         parse("--workers two train.py")
+
+
+def test_jobs_sent_at_once_start_one(agent):
+    url, headers, port, proc = agent
+    code = "import time; print('up', flush=True); time.sleep(30)"
+    body = json.dumps({"argv": ["python", "-c", code]}).encode()
+    request = (
+        f"POST /run HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {headers['Authorization']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(6)]
+    for s in sockets:
+        s.sendall(request[:-1])
+    time.sleep(0.2)
+    for s in sockets:  # every request completes at once
+        s.send(request[-1:])
+    statuses = sorted(s.recv(4096).split(b" ", 2)[1] for s in sockets)
+    jobs = psutil.Process(proc.pid).children(recursive=True)
+    for s in sockets:
+        s.close()
+    psutil.wait_procs(jobs, timeout=15)
+    assert statuses == [b"200"] + [b"409"] * 5
+    assert len(jobs) == 1, jobs
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,10 @@ class Job:
         return self.proc.returncode
 
 
+class Busy(Exception):
+    """A job runs (or is starting) on this worker already."""
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -91,16 +95,22 @@ class Agent:
         self.name = name
         self.token = token
         self.job: Job | None = None
+        #: a job is being started: the worker is busy before its process exists
+        self.starting = False
         self.idle_since = utcnow()
         self._gpus: tuple[float, list[dict[str, Any]] | None, str] | None = None
         self._reader: Any = None
 
+    @property
+    def busy(self) -> bool:
+        return self.job is not None or self.starting
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "busy": self.job is not None,
+            "busy": self.busy,
             "job": self.job.view() if self.job else None,
-            "idle_since": None if self.job else self.idle_since.isoformat(),
+            "idle_since": None if self.busy else self.idle_since.isoformat(),
         }
 
     async def gpus(self) -> tuple[list[dict[str, Any]] | None, str]:
@@ -128,17 +138,25 @@ class Agent:
             return None, str(e)
 
     async def start(self, argv: list[str], env: dict[str, str], cwd: str) -> Job:
+        """Start the job; Busy when one runs or starts (checked and marked before any await,
+        so that two requests at once cannot both start one)."""
+        if self.busy:
+            raise Busy
         if argv[0] == "python":
             argv = [sys.executable, *argv[1:]]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **env},
-            cwd=cwd or None,
-            start_new_session=True,  # its own process group, ended as a whole
-        )
+        self.starting = True
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, **env},
+                cwd=cwd or None,
+                start_new_session=True,  # its own process group, ended as a whole
+            )
+        finally:
+            self.starting = False
         self.job = Job(proc, argv)
         log.info("job started: pid %s, %s", proc.pid, os.path.basename(argv[0]))
         return self.job
@@ -221,10 +239,10 @@ class RunHandler(Handler):
 
     async def post(self) -> None:
         argv, env, cwd = job_body(self.request.body)
-        if self.agent.job is not None:
-            raise tornado.web.HTTPError(409, "a job runs on this worker already")
         try:
             job = self._job = await self.agent.start(argv, env, cwd)
+        except Busy:
+            raise tornado.web.HTTPError(409, "a job runs on this worker already") from None
         except (OSError, ValueError) as e:  # ValueError: what job_body did not foresee
             raise tornado.web.HTTPError(400, f"cannot run {os.path.basename(argv[0])}: {e}") from e
         self.set_header("Content-Type", "application/x-ndjson")
