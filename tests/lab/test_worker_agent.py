@@ -20,6 +20,7 @@ import requests
 
 from gputap.launch import launcher_args, node_env
 from gputap.magic import parse
+from gputap_lab.worker import OUTPUT_CHUNK, output_pieces
 from tests.platform import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,6 +186,34 @@ def test_the_magic_splits_its_options_from_the_scripts():
     assert args == ["--workers", "9", "-x"]
     with pytest.raises(ValueError, match="usage: %gputap_run"):
         parse("--workers two train.py")
+
+
+def test_progress_without_a_newline_streams_and_the_job_ends_in_order(agent):
+    url, headers, port, proc = agent
+    # tqdm's way: 200 KB of updates, each after a carriage return, and no newline at all
+    code = "import sys\nfor i in range(20000): sys.stdout.write(f'\\r{i:9d}')\nsys.stdout.flush()"
+    connection, response = stream(port, headers, {"argv": ["python", "-c", code]})
+    assert response.status == 200
+    lines = [json.loads(line) for line in response]
+    connection.close()
+    assert lines[-1] == {"exit": 0}
+    out = "".join(line["out"] for line in lines[:-1])
+    assert out == "".join(f"\r{i:9d}" for i in range(20000))
+    assert all(len(line["out"]) <= 64 * 1024 for line in lines[:-1])
+    status = requests.get(url + "/status", headers=headers, timeout=5).json()
+    assert status["busy"] is False
+    assert psutil.Process(proc.pid).children(recursive=True) == []
+
+
+def test_output_is_sent_by_lines_and_carriage_returns():
+    assert output_pieces("a\nb\r\nc\rd") == (["a\n", "b\r\n", "c\r"], "d")
+    # a "\r" that ends a read waits: its "\n" may come next
+    assert output_pieces("50%\r") == ([], "50%\r")
+    assert output_pieces("50%\r\n") == (["50%\r\n"], "")
+    assert output_pieces("50%\r", final=True) == (["50%\r"], "")
+    long = "x" * (OUTPUT_CHUNK + 10)
+    assert output_pieces(long) == (["x" * OUTPUT_CHUNK], "x" * 10)
+    assert output_pieces("x", final=True) == (["x"], "")
 
 
 def test_jobs_sent_at_once_start_one(agent):

@@ -9,9 +9,10 @@ notebook reads it from the hub's workers API), sent as ``Authorization: token �
 - ``GET /status``: ``{"name", "busy", "job", "idle_since", "gpus", "gpu_note"}``.
 - ``POST /run`` ``{"argv": [...], "env": {...}, "cwd": "..."}``: run ``argv`` (a leading
   ``python`` is this environment's interpreter) in a process group of its own; the answer
-  streams its output as JSON lines ``{"out": "…"}`` and ends with ``{"exit": code}``. When the
-  caller goes away (an interrupted cell, a lost notebook) the job's whole process group is
-  ended: SIGTERM, then SIGKILL after ``GRACE_SECONDS``. 409 while a job runs.
+  streams its output as JSON lines ``{"out": "…"}`` (a line, or an update a progress bar
+  ends with ``\\r``) and ends with ``{"exit": code}``. When the caller goes away (an
+  interrupted cell, a lost notebook) the job's whole process group is ended: SIGTERM, then
+  SIGKILL after ``GRACE_SECONDS``. 409 while a job runs or starts.
 - ``DELETE /run``: end the running job the same way.
 
 It imports no GPU library until asked for GPU use, and NVML's calls run in an executor.
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import hmac
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from datetime import UTC, datetime
@@ -42,6 +45,8 @@ TOKEN_ENV = "GPUTAP_WORKER_TOKEN"
 GRACE_SECONDS = 3.0
 #: the largest request body (a job's argv and environment)
 MAX_BODY_BYTES = 64 * 1024
+#: a job's output is read this much at a time, and sent at most this long a piece
+OUTPUT_CHUNK = 64 * 1024
 #: how long a GPU reading is reused
 GPU_CACHE_SECONDS = 2.0
 
@@ -234,6 +239,27 @@ def _shown(name: str, most: int = 40) -> str:
     return repr(name if len(name) <= most else name[:most] + "…")
 
 
+_PIECE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
+
+
+def output_pieces(text: str, final: bool = False) -> tuple[list[str], str]:
+    """The pieces of a job's output to send (each up to and with its ``\\n``, ``\\r\\n`` or
+    ``\\r``: a progress bar's update is a piece of its own) and what waits for more. A piece
+    with no end is sent in parts once it reaches ``OUTPUT_CHUNK``; ``final`` sends the rest."""
+    pieces: list[str] = []
+    at = 0
+    for match in _PIECE.finditer(text):
+        if not final and match.end() == len(text) and match.group().endswith("\r"):
+            break  # a "\n" may follow in the next read
+        pieces.append(match.group())
+        at = match.end()
+    rest = text[at:]
+    while len(rest) >= OUTPUT_CHUNK or (final and rest):
+        pieces.append(rest[:OUTPUT_CHUNK])
+        rest = rest[OUTPUT_CHUNK:]
+    return pieces, rest
+
+
 class RunHandler(Handler):
     _job: Job | None = None
 
@@ -248,20 +274,35 @@ class RunHandler(Handler):
         self.set_header("Content-Type", "application/x-ndjson")
         self.set_header("Cache-Control", "no-store")
         try:
-            assert job.proc.stdout is not None
-            while line := await job.proc.stdout.readline():
-                text = line.decode("utf-8", "replace")
-                self.write(json.dumps({"out": text}) + "\n")
-                await self.flush()
-            code = await job.proc.wait()
-            self.write(json.dumps({"exit": code}) + "\n")
-            await self.flush()
+            await self._stream(job)
         except StreamClosedError:
-            await job.end()  # the caller went away: so does its job
+            pass  # the caller went away: so does its job, below
         finally:
+            # whatever ended the stream, a job the agent forgets must not run on
+            if job.proc.returncode is None:
+                await job.end()
             self.agent.finished(job)
         with contextlib.suppress(StreamClosedError):
             self.finish()
+
+    async def _stream(self, job: Job) -> None:
+        """The job's output as ``{"out"}`` lines, then its ``{"exit"}``. Read in chunks, not
+        lines: a progress bar may write for hours without a newline."""
+        assert job.proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        rest = ""
+        while True:
+            chunk = await job.proc.stdout.read(OUTPUT_CHUNK)
+            pieces, rest = output_pieces(rest + decoder.decode(chunk, final=not chunk), not chunk)
+            for piece in pieces:
+                self.write(json.dumps({"out": piece}) + "\n")
+            if pieces:
+                await self.flush()
+            if not chunk:
+                break
+        code = await job.proc.wait()
+        self.write(json.dumps({"exit": code}) + "\n")
+        await self.flush()
 
     def on_connection_close(self) -> None:
         if self._job is not None and self._job.proc.returncode is None:
