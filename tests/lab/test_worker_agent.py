@@ -5,6 +5,7 @@ ends with everything it started; plus ``gputap.run``'s launcher arguments and th
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import os
 import secrets
@@ -18,7 +19,7 @@ import psutil
 import pytest
 import requests
 
-from gputap.launch import launcher_args, node_env
+from gputap.launch import _failure, _Printer, _Remote, launcher_args, node_env
 from gputap.magic import parse
 from gputap_lab.worker import OUTPUT_CHUNK, output_pieces
 from tests.platform import free_port
@@ -263,3 +264,26 @@ def test_an_environment_name_must_be_one(agent, name):
     r = requests.post(url + "/run", headers=headers, json={"argv": ["true"], "env": {name: "x"}},
                       timeout=10)  # fmt: skip
     assert r.status_code == 400 and "env" in r.json()["message"], r.text
+
+
+def test_a_failed_run_and_its_lines_never_show_the_token(agent):
+    url, headers, port, _ = agent
+    token = headers["Authorization"].split()[1]
+    out = io.StringIO()
+    printer = _Printer(out)
+    # the job prints its whole environment: the agent keeps its token from jobs
+    code = "import os, sys; print(dict(os.environ)); sys.exit(2)"
+    body = {"argv": ["python", "-c", code]}
+    ran = _Remote({"name": "w1", "host": "127.0.0.1", "port": port}, token, body)
+    wrong = _Remote({"name": "w2", "host": "127.0.0.1", "port": port}, "x" + token, body)
+    gone = _Remote({"name": "w3", "host": "127.0.0.1", "port": free_port()}, token, body)
+    for remote in (ran, wrong, gone):
+        remote.run(printer)
+    failed = _failure(1, [ran, wrong, gone])
+    assert failed is not None and failed.exits == {"notebook": 1, "w1": 2, "w2": None, "w3": None}
+    assert "w2: its agent refused the job (403)" in str(failed) and "w3: the connection" in str(
+        failed
+    )
+    assert "[w1] {" in out.getvalue()
+    for text in (str(failed), repr(failed), out.getvalue()):
+        assert token not in text
