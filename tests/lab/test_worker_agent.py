@@ -5,9 +5,11 @@ ends with everything it started; plus ``gputap.run``'s launcher arguments and th
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +19,9 @@ import psutil
 import pytest
 import requests
 
-from gputap.launch import launcher_args, node_env
+from gputap.launch import _failure, _Printer, _Remote, launcher_args, node_env
 from gputap.magic import parse
+from gputap_lab.worker import OUTPUT_CHUNK, output_pieces
 from spawner.local.workers import listening_socket
 from tests.platform import free_port
 
@@ -217,3 +220,103 @@ def test_the_agent_answers_on_the_socket_the_hub_bound_and_its_jobs_do_not_hold_
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_progress_without_a_newline_streams_and_the_job_ends_in_order(agent):
+    url, headers, port, proc = agent
+    # tqdm's way: 200 KB of updates, each after a carriage return, and no newline at all
+    code = "import sys\nfor i in range(20000): sys.stdout.write(f'\\r{i:9d}')\nsys.stdout.flush()"
+    connection, response = stream(port, headers, {"argv": ["python", "-c", code]})
+    assert response.status == 200
+    lines = [json.loads(line) for line in response]
+    connection.close()
+    assert lines[-1] == {"exit": 0}
+    out = "".join(line["out"] for line in lines[:-1])
+    assert out == "".join(f"\r{i:9d}" for i in range(20000))
+    assert all(len(line["out"]) <= 64 * 1024 for line in lines[:-1])
+    status = requests.get(url + "/status", headers=headers, timeout=5).json()
+    assert status["busy"] is False
+    assert psutil.Process(proc.pid).children(recursive=True) == []
+
+
+def test_output_is_sent_by_lines_and_carriage_returns():
+    assert output_pieces("a\nb\r\nc\rd") == (["a\n", "b\r\n", "c\r"], "d")
+    # a "\r" that ends a read waits: its "\n" may come next
+    assert output_pieces("50%\r") == ([], "50%\r")
+    assert output_pieces("50%\r\n") == (["50%\r\n"], "")
+    assert output_pieces("50%\r", final=True) == (["50%\r"], "")
+    long = "x" * (OUTPUT_CHUNK + 10)
+    assert output_pieces(long) == (["x" * OUTPUT_CHUNK], "x" * 10)
+    assert output_pieces("x", final=True) == (["x"], "")
+
+
+def test_jobs_sent_at_once_start_one(agent):
+    url, headers, port, proc = agent
+    code = "import time; print('up', flush=True); time.sleep(30)"
+    body = json.dumps({"argv": ["python", "-c", code]}).encode()
+    request = (
+        f"POST /run HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {headers['Authorization']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    sockets = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(6)]
+    for s in sockets:
+        s.sendall(request[:-1])
+    time.sleep(0.2)
+    for s in sockets:  # every request completes at once
+        s.send(request[-1:])
+    statuses = sorted(s.recv(4096).split(b" ", 2)[1] for s in sockets)
+    jobs = psutil.Process(proc.pid).children(recursive=True)
+    for s in sockets:
+        s.close()
+    psutil.wait_procs(jobs, timeout=15)
+    assert statuses == [b"200"] + [b"409"] * 5
+    assert len(jobs) == 1, jobs
+
+
+@pytest.mark.parametrize(
+    "body, where",
+    [
+        ({"argv": ["echo", "a\0b"]}, "argv"),
+        ({"argv": ["true"], "env": {"A": "x\0y"}}, "env"),
+        ({"argv": ["true"], "env": {"A\0B": "x"}}, "env"),
+        ({"argv": ["true"], "cwd": "/tmp\0/x"}, "cwd"),
+    ],
+)
+def test_a_nul_character_is_refused_by_name(agent, body, where):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, json=body, timeout=10)
+    assert r.status_code == 400, r.text
+    message = r.json()["message"]
+    assert where in message and "NUL" in message and "\0" not in message
+    assert requests.get(url + "/status", headers=headers, timeout=5).json()["busy"] is False
+
+
+@pytest.mark.parametrize("name", ["", "A=B"])
+def test_an_environment_name_must_be_one(agent, name):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, json={"argv": ["true"], "env": {name: "x"}},
+                      timeout=10)  # fmt: skip
+    assert r.status_code == 400 and "env" in r.json()["message"], r.text
+
+
+def test_a_failed_run_and_its_lines_never_show_the_token(agent):
+    url, headers, port, _ = agent
+    token = headers["Authorization"].split()[1]
+    out = io.StringIO()
+    printer = _Printer(out)
+    # the job prints its whole environment: the agent keeps its token from jobs
+    code = "import os, sys; print(dict(os.environ)); sys.exit(2)"
+    body = {"argv": ["python", "-c", code]}
+    ran = _Remote({"name": "w1", "host": "127.0.0.1", "port": port}, token, body)
+    wrong = _Remote({"name": "w2", "host": "127.0.0.1", "port": port}, "x" + token, body)
+    gone = _Remote({"name": "w3", "host": "127.0.0.1", "port": free_port()}, token, body)
+    for remote in (ran, wrong, gone):
+        remote.run(printer)
+    failed = _failure(1, [ran, wrong, gone])
+    assert failed is not None and failed.exits == {"notebook": 1, "w1": 2, "w2": None, "w3": None}
+    assert "w2: its agent refused the job (403)" in str(failed) and "w3: the connection" in str(
+        failed
+    )
+    assert "[w1] {" in out.getvalue()
+    for text in (str(failed), repr(failed), out.getvalue()):
+        assert token not in text

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -79,12 +79,29 @@ class Hub:
 @dataclass(frozen=True)
 class Group:
     """The group as the hub shows it: ``workers`` (each a dict: name, state, host, port…),
-    the notebook's address as the workers reach it, and the token their agents want."""
+    the notebook's address as the workers reach it, and the token their agents want (never
+    shown: a cell's output is saved in the notebook)."""
 
     workers: list[dict[str, Any]]
     rendezvous_host: str
-    token: str
+    token: str = field(repr=False)
     price_per_hour: str
+
+    def __repr__(self) -> str:
+        states = ", ".join(f"{w['name']} {w['state']}" for w in self.workers)
+        return f"<gputap group: [{states}], {self.price_per_hour}/h>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """IPython's display: one line per worker."""
+        if not self.workers:
+            p.text("gputap group: no workers (gputap.scale(2) starts two)")
+            return
+        p.text(f"gputap group: {len(self.workers)} worker(s), {self.price_per_hour}/h")
+        for w in self.workers:
+            where = f"{w['host']}:{w['port']}" if w.get("host") else ""
+            reason = f" ({w['reason']})" if w.get("reason") else ""
+            p.break_()
+            p.text(f"  {w['name']:<6} {w['state']:<9} {where}{reason}".rstrip())
 
     @property
     def ready(self) -> list[dict[str, Any]]:

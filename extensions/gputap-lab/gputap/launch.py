@@ -220,13 +220,19 @@ def run(
         _stop_all(local, remotes, threads)
         printer.line("gputap", "interrupted: every rank was stopped")
         raise
-    exits: dict[str, int | None] = {"notebook": local.returncode}
+    failed = _failure(local.returncode, remotes)
+    if failed:
+        raise failed
+    return RunResult({"notebook": local.returncode, **{r.name: r.exit for r in remotes}}, run_id)
+
+
+def _failure(local_exit: int | None, remotes: Sequence[_Remote]) -> RunFailed | None:
+    """What went wrong, node by node (no token: it is printed into the notebook)."""
+    exits: dict[str, int | None] = {"notebook": local_exit}
     exits.update({r.name: r.exit for r in remotes})
     problems = [f"{r.name}: {r.lost}" for r in remotes if r.lost]
     problems += [f"{node} exited with code {code}" for node, code in exits.items() if code]
-    if problems:
-        raise RunFailed(f"The run failed: {'; '.join(problems)}.", exits)
-    return RunResult(exits, run_id)
+    return RunFailed(f"The run failed: {'; '.join(problems)}.", exits) if problems else None
 
 
 def _current(hub: Hub) -> Group:

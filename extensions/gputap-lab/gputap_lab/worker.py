@@ -9,9 +9,10 @@ notebook reads it from the hub's workers API), sent as ``Authorization: token �
 - ``GET /status``: ``{"name", "busy", "job", "idle_since", "gpus", "gpu_note"}``.
 - ``POST /run`` ``{"argv": [...], "env": {...}, "cwd": "..."}``: run ``argv`` (a leading
   ``python`` is this environment's interpreter) in a process group of its own; the answer
-  streams its output as JSON lines ``{"out": "…"}`` and ends with ``{"exit": code}``. When the
-  caller goes away (an interrupted cell, a lost notebook) the job's whole process group is
-  ended: SIGTERM, then SIGKILL after ``GRACE_SECONDS``. 409 while a job runs.
+  streams its output as JSON lines ``{"out": "…"}`` (a line, or an update a progress bar
+  ends with ``\\r``) and ends with ``{"exit": code}``. When the caller goes away (an
+  interrupted cell, a lost notebook) the job's whole process group is ended: SIGTERM, then
+  SIGKILL after ``GRACE_SECONDS``. 409 while a job runs or starts.
 - ``DELETE /run``: end the running job the same way.
 
 It imports no GPU library until asked for GPU use, and NVML's calls run in an executor.
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import contextlib
 import hmac
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -43,6 +46,8 @@ TOKEN_ENV = "GPUTAP_WORKER_TOKEN"
 GRACE_SECONDS = 3.0
 #: the largest request body (a job's argv and environment)
 MAX_BODY_BYTES = 64 * 1024
+#: a job's output is read this much at a time, and sent at most this long a piece
+OUTPUT_CHUNK = 64 * 1024
 #: how long a GPU reading is reused
 GPU_CACHE_SECONDS = 2.0
 
@@ -80,6 +85,10 @@ class Job:
         return self.proc.returncode
 
 
+class Busy(Exception):
+    """A job runs (or is starting) on this worker already."""
+
+
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -92,16 +101,22 @@ class Agent:
         self.name = name
         self.token = token
         self.job: Job | None = None
+        #: a job is being started: the worker is busy before its process exists
+        self.starting = False
         self.idle_since = utcnow()
         self._gpus: tuple[float, list[dict[str, Any]] | None, str] | None = None
         self._reader: Any = None
 
+    @property
+    def busy(self) -> bool:
+        return self.job is not None or self.starting
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "busy": self.job is not None,
+            "busy": self.busy,
             "job": self.job.view() if self.job else None,
-            "idle_since": None if self.job else self.idle_since.isoformat(),
+            "idle_since": None if self.busy else self.idle_since.isoformat(),
         }
 
     async def gpus(self) -> tuple[list[dict[str, Any]] | None, str]:
@@ -129,17 +144,25 @@ class Agent:
             return None, str(e)
 
     async def start(self, argv: list[str], env: dict[str, str], cwd: str) -> Job:
+        """Start the job; Busy when one runs or starts (checked and marked before any await,
+        so that two requests at once cannot both start one)."""
+        if self.busy:
+            raise Busy
         if argv[0] == "python":
             argv = [sys.executable, *argv[1:]]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **env},
-            cwd=cwd or None,
-            start_new_session=True,  # its own process group, ended as a whole
-        )
+        self.starting = True
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, **env},
+                cwd=cwd or None,
+                start_new_session=True,  # its own process group, ended as a whole
+            )
+        finally:
+            self.starting = False
         self.job = Job(proc, argv)
         log.info("job started: pid %s, %s", proc.pid, os.path.basename(argv[0]))
         return self.job
@@ -199,7 +222,43 @@ def job_body(raw: bytes) -> tuple[list[str], dict[str, str], str]:
         raise tornado.web.HTTPError(400, "env must map names to strings")
     if not isinstance(cwd, str):
         raise tornado.web.HTTPError(400, "cwd must be a folder's path")
+    # the operating system takes none of these (subprocess raises ValueError)
+    nul = [f"argv[{i}]" for i, a in enumerate(argv) if "\0" in a]
+    nul += [f"env {_shown(k)}" for k, v in env.items() if "\0" in k or "\0" in v]
+    nul += ["cwd"] if "\0" in cwd else []
+    if nul:
+        raise tornado.web.HTTPError(400, f"a NUL character cannot be passed: {', '.join(nul)}")
+    if bad := [_shown(k) for k in env if not k or "=" in k]:
+        raise tornado.web.HTTPError(
+            400, f"env names must be non-empty, without '=': {', '.join(bad)}"
+        )
     return argv, env, cwd
+
+
+def _shown(name: str, most: int = 40) -> str:
+    """A name in a refusal: quoted (control characters escaped) and cut short."""
+    return repr(name if len(name) <= most else name[:most] + "…")
+
+
+_PIECE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
+
+
+def output_pieces(text: str, final: bool = False) -> tuple[list[str], str]:
+    """The pieces of a job's output to send (each up to and with its ``\\n``, ``\\r\\n`` or
+    ``\\r``: a progress bar's update is a piece of its own) and what waits for more. A piece
+    with no end is sent in parts once it reaches ``OUTPUT_CHUNK``; ``final`` sends the rest."""
+    pieces: list[str] = []
+    at = 0
+    for match in _PIECE.finditer(text):
+        if not final and match.end() == len(text) and match.group().endswith("\r"):
+            break  # a "\n" may follow in the next read
+        pieces.append(match.group())
+        at = match.end()
+    rest = text[at:]
+    while len(rest) >= OUTPUT_CHUNK or (final and rest):
+        pieces.append(rest[:OUTPUT_CHUNK])
+        rest = rest[OUTPUT_CHUNK:]
+    return pieces, rest
 
 
 class RunHandler(Handler):
@@ -207,29 +266,44 @@ class RunHandler(Handler):
 
     async def post(self) -> None:
         argv, env, cwd = job_body(self.request.body)
-        if self.agent.job is not None:
-            raise tornado.web.HTTPError(409, "a job runs on this worker already")
         try:
             job = self._job = await self.agent.start(argv, env, cwd)
-        except OSError as e:
+        except Busy:
+            raise tornado.web.HTTPError(409, "a job runs on this worker already") from None
+        except (OSError, ValueError) as e:  # ValueError: what job_body did not foresee
             raise tornado.web.HTTPError(400, f"cannot run {os.path.basename(argv[0])}: {e}") from e
         self.set_header("Content-Type", "application/x-ndjson")
         self.set_header("Cache-Control", "no-store")
         try:
-            assert job.proc.stdout is not None
-            while line := await job.proc.stdout.readline():
-                text = line.decode("utf-8", "replace")
-                self.write(json.dumps({"out": text}) + "\n")
-                await self.flush()
-            code = await job.proc.wait()
-            self.write(json.dumps({"exit": code}) + "\n")
-            await self.flush()
+            await self._stream(job)
         except StreamClosedError:
-            await job.end()  # the caller went away: so does its job
+            pass  # the caller went away: so does its job, below
         finally:
+            # whatever ended the stream, a job the agent forgets must not run on
+            if job.proc.returncode is None:
+                await job.end()
             self.agent.finished(job)
         with contextlib.suppress(StreamClosedError):
             self.finish()
+
+    async def _stream(self, job: Job) -> None:
+        """The job's output as ``{"out"}`` lines, then its ``{"exit"}``. Read in chunks, not
+        lines: a progress bar may write for hours without a newline."""
+        assert job.proc.stdout is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        rest = ""
+        while True:
+            chunk = await job.proc.stdout.read(OUTPUT_CHUNK)
+            pieces, rest = output_pieces(rest + decoder.decode(chunk, final=not chunk), not chunk)
+            for piece in pieces:
+                self.write(json.dumps({"out": piece}) + "\n")
+            if pieces:
+                await self.flush()
+            if not chunk:
+                break
+        code = await job.proc.wait()
+        self.write(json.dumps({"exit": code}) + "\n")
+        await self.flush()
 
     def on_connection_close(self) -> None:
         if self._job is not None and self._job.proc.returncode is None:
