@@ -279,9 +279,9 @@ class RunHandler(Handler):
         except StreamClosedError:
             pass  # the caller went away: so does its job, below
         finally:
-            # whatever ended the stream, a job the agent forgets must not run on
-            if job.proc.returncode is None:
-                await job.end()
+            # whatever ended the stream, nothing of a job the agent forgets runs on: not the
+            # job, nor what it left in its process group (a child still holding the GPU)
+            await job.end()
             self.agent.finished(job)
         with contextlib.suppress(StreamClosedError):
             self.finish()
