@@ -135,3 +135,37 @@ def test_a_course_forbids_or_caps_scale_out_of_the_servers_it_pays_for(platform)
     assert worker["course"] == capped
     for student in ("cat", "dan"):
         platform.stop_server(student)
+
+
+def test_a_worker_stop_names_the_session_it_means(platform):
+    """Billing's enforcer stops a worker by its name and session: a name now running another
+    session is not stopped (409); a body with anything else is a 400; nothing changes."""
+    platform.create_user("sid")
+    auth = {"Authorization": f"token {platform.user_token('sid')}"}
+    url = f"{platform.url}/hub/gputap/api/users/sid/server/workers"
+    r = platform.spawn("sid", {"kind": "cpu"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("sid")
+    assert requests.post(url, json={"count": 1}, headers=auth, timeout=30).status_code == 202
+
+    def worker() -> dict:
+        return requests.get(url, headers=auth, timeout=30).json()["workers"][0]
+
+    deadline = time.monotonic() + 90
+    while worker()["state"] != "ready":
+        assert time.monotonic() < deadline, worker()
+        time.sleep(0.2)
+    stop = f"{url}/w1/stop"
+    r = requests.post(stop, json={"session_id": "an-earlier-one"}, headers=auth, timeout=30)
+    assert r.status_code == 409 and "w1 now runs another session" in r.json()["message"], r.text
+    r = requests.post(stop, json={"reason": "x" * 500}, headers=auth, timeout=30)
+    assert r.status_code == 400 and "x" * 100 not in r.text, r.text
+    assert worker()["state"] == "ready"
+
+    r = requests.post(stop, json={"session_id": worker()["session_id"]}, headers=auth, timeout=30)
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 30
+    while worker()["state"] != "stopped":
+        assert time.monotonic() < deadline, worker()
+        time.sleep(0.2)
+    platform.stop_server("sid")
