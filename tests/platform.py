@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -60,12 +61,36 @@ def free_port() -> int:
     candidates = [p for p in range(20000, 32768) if p not in ephemeral]
     while True:
         port = random.choice(candidates)
+        if not _claim(port):
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
+
+
+#: ports handed out lately, across the test processes running at once (pytest-xdist's): a
+#: port free now is not handed to a second test in another process before the first binds it
+#: (seen: billing's port taken by another test's server a moment before billing started)
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "gputap-test-ports"
+PORT_CLAIM_SECONDS = 600
+
+
+def _claim(port: int) -> bool:
+    """Whether ``port`` is ours to use: not handed out by any test process in the last
+    PORT_CLAIM_SECONDS."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    claim = PORT_CLAIMS / str(port)
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - claim.stat().st_mtime > PORT_CLAIM_SECONDS:
+                claim.unlink()  # an old claim: the next look may take it
+        return False
 
 
 class Platform:
