@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,14 @@ from gputap_common import scopes
 from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
 from spawner.core.apps import check_apps
+from spawner.core.catalog import load_catalog
 from spawner.core.environments import environments_from_settings
 from spawner.kube.watch import WATCH_SECONDS
+from spawner.lifecycle import faults
 from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.reaper import reaper_command
+from spawner.local.spawner import DEFAULT_INVENTORY_FILE
+from spawner.local.spawner import start_health_watch as start_local
 
 from .github import configure_github, github_settings
 from .shared_data import configure_shared_data
@@ -198,6 +203,7 @@ def apply_shared(c: Any, settings: Settings, base_url: str) -> None:
     c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]
     _hub_pages(c, hub, base_url)
     _server_api_scopes(c)
+    _gpu_faults(c, settings)
     _disks(c, spawner["disks"])
     _scale_out(c, settings.section("scale_out"))
     _apps(c, settings.section("apps"), set(settings.environments))
@@ -364,6 +370,8 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
         "gputap_account_url": f"{base_url}hub/{api.account.ACCOUNT_PATH}",
         "gputap_running_url": f"{base_url}hub/{api.running.RUNNING_PATH}",
         "gputap_move_url": f"{base_url}hub/{api.admin.MOVE_PATH}",
+        "gputap_gpus_url": f"{base_url}hub/{api.gpus.GPUS_PATH}",
+        "gputap_gpu_faults_url": f"{base_url}hub/{api.gpus.FAULTS_PATH}",
         "gputap_billing_url": f"{base_url}services/billing/",
         "gputap_billing_admin_scope": scopes.BILLING_ADMIN,
         "gputap_credit_refresh_seconds": float(hub["credit_banner_refresh_seconds"]),
@@ -481,6 +489,40 @@ def _services(c: Any, settings: Settings, hub_token: str) -> None:
         )
     c.JupyterHub.services = services
     c.JupyterHub.load_roles = roles
+
+
+def _gpu_faults(c: Any, settings: Settings) -> None:
+    """The GPU fault desk (docs/gpu-faults.md) and its watchers, started with the hub; its
+    recoveries reach the hub's API as the gputap-health service (a token per hub start)."""
+    faults_settings = settings.section("faults")
+    if not faults_settings["enabled"]:
+        faults.setup(faults_settings, settings.data_dir, "")
+        return
+    token = secrets.token_hex(32)
+    c.JupyterHub.services.append({"name": faults.HEALTH_SERVICE, "api_token": token})
+    c.JupyterHub.load_roles.append(
+        {
+            "name": faults.HEALTH_SERVICE,
+            "description": "The hub's GPU fault desk: stop and start servers hit by a fault",
+            "scopes": ["admin:servers", "list:users", "read:users"],
+            "services": [faults.HEALTH_SERVICE],
+        }
+    )
+    spawner = settings.spawner
+    catalog = load_catalog(settings.catalog["cards"])
+    if spawner["backend"] == "kubernetes":
+        from spawner.kube.spawner import start_health_watch as start_kube
+
+        start = partial(start_kube, catalog=catalog)
+    else:
+        start = partial(
+            start_local,
+            spawner=spawner,
+            catalog=catalog,
+            node=os.uname().nodename,
+            inventory_file=spawner["inventory_file"] or str(DEFAULT_INVENTORY_FILE),
+        )
+    faults.setup(faults_settings, settings.data_dir, token, start)
 
 
 def _idle_culler(c: Any, idle: dict[str, Any], backend: str, api_url: str | None = None) -> None:

@@ -2,13 +2,14 @@
 its ``default_handlers``; :data:`default_handlers` is all of them, for
 ``c.JupyterHub.extra_handlers``."""
 
-from . import account, admin, disks, preview, running, servers, workers
+from . import account, admin, disks, gpus, preview, running, servers, workers
 
 default_handlers = [
     *preview.default_handlers,
     *account.default_handlers,
     *running.default_handlers,
     *workers.default_handlers,
+    *gpus.default_handlers,
     *servers.default_handlers,
     *disks.default_handlers,
     *admin.default_handlers,

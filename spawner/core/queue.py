@@ -19,6 +19,8 @@ class Waiter:
     key: str
     count: int
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    #: a server that lost its GPU to a fault: it waits ahead of new spawns
+    front: bool = False
 
 
 class WaitQueues:
@@ -27,18 +29,22 @@ class WaitQueues:
     def __init__(self) -> None:
         self.lines: dict[str, list[Waiter]] = {}
 
-    def join(self, holder: str, key: str, count: int) -> Waiter:
+    def join(self, holder: str, key: str, count: int, front: bool = False) -> Waiter:
+        """Join the end of the line (``front``: behind only those who joined at the front:
+        servers the platform broke wait ahead of new spawns)."""
         self.leave(holder)
-        waiter = Waiter(holder, key, count)
-        self.lines.setdefault(key, []).append(waiter)
+        waiter = Waiter(holder, key, count, front=front)
+        line = self.lines.setdefault(key, [])
+        at = sum(1 for w in line if w.front) if front else len(line)
+        line.insert(at, waiter)
         return waiter
 
-    def join_if_absent(self, holder: str, key: str, count: int) -> Waiter:
-        """The holder's place in line, joining at the end if not there yet."""
+    def join_if_absent(self, holder: str, key: str, count: int, front: bool = False) -> Waiter:
+        """The holder's place in line, joining if not there yet."""
         for waiter in self.lines.get(key, ()):
             if waiter.holder == holder:
                 return waiter
-        return self.join(holder, key, count)
+        return self.join(holder, key, count, front)
 
     def leave(self, holder: str) -> None:
         for key, line in list(self.lines.items()):

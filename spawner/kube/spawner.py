@@ -27,11 +27,13 @@ from traitlets import Unicode
 from gputap_common import clock, labels
 from gputap_common.times import pod_time
 
+from ..core.catalog import Catalog
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
-from ..lifecycle import stops
+from ..lifecycle import faults, placing, stops
 from ..lifecycle.mixin import GPUSpawnerMixin
 from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
+from .health import KubeHealthWatcher
 from .homes import (
     ZONE_LABEL,
     HomeHolder,
@@ -48,6 +50,36 @@ from .workers import KubeWorkers
 # one watcher per hub (per event loop)
 _watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
 _watcher_lock = asyncio.Lock()
+
+
+async def cluster_watcher(catalog: Catalog) -> ClusterWatcher:
+    """The hub's one cluster watcher, started on first use (by a spawner, or at hub start
+    for the fault desk: spawner/lifecycle/faults.py), with the desk's health watch."""
+    loop = asyncio.get_running_loop()
+    async with _watcher_lock:
+        watcher = _watchers.get(loop)
+        if watcher is None:
+            watcher = ClusterWatcher(shared_client("CoreV1Api"), catalog)
+            watcher.on_change.append(
+                lambda _view: placing.queues.poke(watcher.inventory.preemptible_view)
+            )
+            desk = faults.desk()
+            if desk is not None:
+                health = KubeHealthWatcher(
+                    report=desk.report, conditions=desk.settings["node_conditions"]
+                )
+                watcher.on_event.append(health.on_event)
+                desk.watchers.append(health)
+                desk.add_cluster(watcher)
+            watcher.start()
+            _watchers[loop] = watcher
+    return watcher
+
+
+async def start_health_watch(desk: faults.FaultDesk, catalog: Catalog) -> None:
+    """At hub start (spawner/lifecycle/faults.py): the cluster watcher, with the desk's
+    health watch, so a fault on a free node is seen before any spawn."""
+    await cluster_watcher(catalog)
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -135,14 +167,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def cluster(self) -> ClusterWatcher:
         """The hub's cluster watcher, started on first use."""
-        loop = asyncio.get_running_loop()
-        async with _watcher_lock:
-            watcher = _watchers.get(loop)
-            if watcher is None:
-                watcher = ClusterWatcher(shared_client("CoreV1Api"), self.catalog)
-                watcher.on_change.append(lambda _view: self.wake_queue())
-                watcher.start()
-                _watchers[loop] = watcher
+        watcher = await cluster_watcher(self.catalog)
         try:
             async with asyncio.timeout(self.k8s_api_request_retry_timeout):
                 await watcher.ready()
@@ -153,6 +178,15 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
                 "try again in a minute, and tell an operator if it persists.",
             ) from None
         return watcher
+
+    def node_of_pod(self) -> str | None:
+        """The node this server's pod runs on, as the watch last saw it."""
+        watcher = self.watcher_now()
+        for pod in watcher.pods if watcher else ():
+            meta = pod["metadata"]
+            if (meta.get("namespace"), meta["name"]) == (self.namespace, self.pod_name):
+                return (pod.get("spec") or {}).get("nodeName")
+        return None
 
     def watcher_now(self) -> ClusterWatcher | None:
         """The hub's cluster watcher, if it runs."""

@@ -143,6 +143,11 @@ def status(user_name: str, server_name: str) -> Change | None:
     return _changes.get((user_name, server_name))
 
 
+def track(change: Change) -> None:
+    """Keep ``change`` as its server's status (a recovery after a GPU fault is one)."""
+    _changes[(change.user, change.server)] = change
+
+
 def why_busy(spawner: Any, user_name: str, server_name: str) -> str | None:
     """Why the server cannot change now (409), or None."""
     who = server_label(user_name, server_name)
@@ -173,7 +178,7 @@ def alternatives_view(alternatives: tuple[Alternative, ...]) -> list[dict[str, A
     ]
 
 
-def _reason_of(error: BaseException) -> str:
+def reason_of(error: BaseException) -> str:
     """What went wrong, for the status message (HTTP errors carry the user's message)."""
     if isinstance(error, web.HTTPError):
         text = error.log_message or error.reason or f"HTTP {error.status_code}"
@@ -255,7 +260,7 @@ async def change_server(
         message="",
         started_at=clock.utcnow(),
     )
-    _changes[(user.name, server_name)] = change
+    track(change)
     change.set(STOPPING, f"stopping the {_label(spawner, change.from_key)} server")
     task = asyncio.ensure_future(_run(change, hub, user, options_in, old_options, undo))
     _tasks.add(task)
@@ -341,16 +346,16 @@ async def _run(
     try:
         await hub.stop(user, name)
     except Exception as e:
-        why = _reason_of(e)
+        why = reason_of(e)
         change.set(FAILED, f"The server could not be stopped ({why}); it was not changed.")
         return
     spawner = hub.spawner(user, name)
     to_label = _label(spawner, change.to_key)
     change.set(STARTING, f"starting the {to_label} server")
     try:
-        await _start_following_queue(change, hub, user, new_options)
+        await start_following_queue(change, hub, user, new_options)
     except Exception as e:
-        why = _reason_of(e)
+        why = reason_of(e)
         from_label = _label(spawner, change.from_key)
         change.set(
             STARTING,
@@ -364,7 +369,7 @@ async def _run(
             change.set(
                 FAILED,
                 f"The {to_label} server did not start ({why}), nor did the {from_label} one "
-                f"({_reason_of(e2)}). Start your server again from the hub's home page; "
+                f"({reason_of(e2)}). Start your server again from the hub's home page; "
                 "your files are kept.",
             )
         else:
@@ -379,7 +384,7 @@ async def _run(
     change.set(DONE, f"Now running on {_label(spawner, change.to_key)}.")
 
 
-async def _start_following_queue(
+async def start_following_queue(
     change: Change, hub: Hub, user: Any, options: dict[str, Any]
 ) -> None:
     """Start, showing the spawn's place in the queue as the ``waiting`` state."""

@@ -58,7 +58,7 @@ from ..core.placement import (
     place,
 )
 from ..core.record import ServerRecord
-from . import placing, refusals, server_apps, stops
+from . import faults, placing, refusals, server_apps, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .disk_mounts import DiskMounts
 from .environment import EnvironmentChoice
@@ -198,6 +198,7 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
     _typed: dict[str, str] = {}
     #: why the next stop happens, when whoever asks for it said (gputap's stop endpoint)
     _next_stop: stops.Pending | None = None
+    _billed_until: datetime | None = None
     #: when a poll last found the server running (a server that dies is billed until then)
     _seen_alive: datetime | None = None
 
@@ -264,6 +265,7 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
         page as its sentence, not as "HTTP 409: Conflict (...)", and the next form shows it
         with what was picked selected again and the alternatives to pick instead."""
         typed, self._typed = self._typed, {}
+        self._tell_desk()
         try:
             return await self._start_placed()
         except web.HTTPError as e:
@@ -331,11 +333,18 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
         server (its route is gone), so the seconds of a graceful shutdown are not theirs."""
         if self._launching:
             return await super().stop(now=now)  # the backend's own, in the middle of a start
-        self._stop_requested = requested = clock.utcnow()
+        requested = clock.utcnow()
+        # a GPU fault ended billing at its detection second, before the stop was asked
+        billed_until, self._billed_until = self._billed_until, None
+        if billed_until is not None:
+            requested = min(requested, billed_until)
+        self._stop_requested = requested
         record = self.record
         reason, self._next_stop = self._next_stop or stops.from_hub, None
         if record is not None:  # a running server (a dead one was settled by poll)
-            await self._tell_why(reason(requested))
+            why = reason(requested)
+            if why is not self.stop_reason:  # a fault's reason was told before its grace
+                await self._tell_why(why)
             await self.stop_group(f"The server stopped: {self.stop_reason.message}")
         try:
             await super().stop(now=now)
@@ -345,12 +354,18 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
             if record is not None:
                 if self.record is record:
                     self.record = None
-                await self._finish(record, requested, still_running=await self.still_running())
+                await self._finish(
+                    record,
+                    requested,
+                    still_running=await self.still_running(),
+                    billed_until=billed_until,
+                )
 
     async def poll(self):
         """The backend's poll; a server found gone without a stop (crashed, preempted) is
         settled here, the hub calls no stop for it."""
         record = self.record
+        self._tell_desk()
         self.resume_group()
         status = await super().poll()
         now = clock.utcnow()
@@ -368,11 +383,22 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
             await self._finish(record, alive, died=True)
         return status
 
+    def _tell_desk(self) -> None:
+        """The fault desk posts its recoveries to the hub's API, which spawners know."""
+        desk = faults.desk()
+        if desk is not None and desk.api_url is None and self.hub is not None:
+            desk.api_url = self.hub.api_url
+
     # -- why a server stopped (spawner/lifecycle/stops.py) ---------------------------------
 
-    def stop_next_because(self, reason: stops.Pending | None) -> None:
-        """Record why the stop about to be asked happens (gputap's stop endpoint, a change)."""
+    def stop_next_because(
+        self, reason: stops.Pending | None, billed_until: datetime | None = None
+    ) -> None:
+        """Record why the stop about to be asked happens (gputap's stop endpoint, a change);
+        ``billed_until``: the session ends there, not when the stop is asked (a GPU fault:
+        nothing is billed on a broken GPU)."""
         self._next_stop = reason
+        self._billed_until = billed_until
 
     def set_stop_reason(self, reason: stops.StopReason | None) -> None:
         """Keep why the server stopped (None: forget it) and the notice the hub shows."""
@@ -393,6 +419,7 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
         requested: datetime,
         still_running: bool = False,
         died: bool = False,
+        billed_until: datetime | None = None,
     ) -> None:
         """The end of a server: its devices back (``still_running``: kept under a name of
         their own), its billing session closed when it really ended, once. ``requested``:
@@ -404,6 +431,8 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
             return
         self._settled_session = record.session_id
         ended_at = await self.stopped(record, requested, died)
+        if billed_until is not None:  # the backend's end (a pod's) is later than a fault's
+            ended_at = min(ended_at, billed_until)
         result = await self.metering.settle(record, ended_at)
         if record.started_at is None:  # stopped before it was up: only its hold was released
             return

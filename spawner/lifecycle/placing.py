@@ -18,6 +18,8 @@ from ..core.queue import WaitQueues, ordinal
 
 #: the hub's waiting lines, one per sold-out offering
 queues = WaitQueues()
+#: holders that join the front of their line (a server moved off a failed GPU)
+front: set[str] = set()
 
 
 def decide(
@@ -80,7 +82,7 @@ async def place_or_wait(
             if not may_wait or wanted is None:
                 hint = " Ask to wait in the queue, or pick" if wanted else " Pick"
                 raise web.HTTPError(409, f"{answer.message}{hint} a free option.")
-            waiter = queues.join_if_absent(holder, wanted, units(request))
+            waiter = queues.join_if_absent(holder, wanted, units(request), holder in front)
             label = catalog.offering(wanted).label
             note(f"waiting for a free {label}: {ordinal(queues.position(holder))} in queue")
             waiter.woken.clear()

@@ -34,7 +34,7 @@ START_AGAIN = "Start it again from the hub's home page; your files are kept."
 @dataclass(frozen=True)
 class StopReason:
     """Why a server stopped: ``kind`` (credit, idle, change, admin, user, hub, died,
-    preempted), what happened, what to do, and when."""
+    preempted, fault), what happened, what to do, and when."""
 
     kind: str
     message: str
@@ -54,6 +54,8 @@ class StopReason:
             "todo": self.todo,
             "at": self.at.isoformat(),
             "notice": self.notice,
+            # a fault's server comes back by itself (Lab follows it and reloads)
+            "restarting": self.kind == "fault" and self.todo == FAULT_RESTARTING,
         }
 
     @classmethod
@@ -158,6 +160,39 @@ def died(at: datetime) -> StopReason:
 def preempted(text: str, at: datetime) -> StopReason:
     """A spot server made way for an on-demand one (``text`` says so and what to do)."""
     return StopReason("preempted", text, "", at)
+
+
+def by_fault(detail: str, then: str) -> Pending:
+    """The server's GPU failed (``detail``: what was seen, e.g. "XID 79 (GPU has fallen off
+    the bus)"); billing ended at the detection second; ``then`` says what happens next, as
+    :func:`fault_next` words it."""
+
+    def reason(at: datetime) -> StopReason:
+        return StopReason(
+            "fault",
+            f"The GPU of your server failed at {clock_time(at)}: {detail}. Billing stopped "
+            "at that second.",
+            then,
+            at,
+        )
+
+    return reason
+
+
+#: what a fault notice says happens next (``restarting`` is the one the server comes back by)
+FAULT_RESTARTING = (
+    "gputap is starting your server again on a healthy GPU with your files, disks and "
+    "environment; Lab reloads when it is back."
+)
+FAULT_NOT_RESTARTED = (
+    "It was not started again: {why}. Start it from the hub's home page; your files are kept."
+)
+
+
+def fault_next(restarting: bool, why: str = "") -> str:
+    """The ``todo`` of a fault notice: restarting, or why not (restarts turned off, the
+    limit reached)."""
+    return FAULT_RESTARTING if restarting else FAULT_NOT_RESTARTED.format(why=why)
 
 
 def asked_by(

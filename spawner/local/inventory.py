@@ -238,6 +238,9 @@ class DevicePool:
         self.holder: dict[str, str] = {}
         #: free devices that still run processes (pids), counted as taken until they end
         self.busy: dict[str, list[int]] = {}
+        #: devices out of service (UUID -> faulty or drained): neither free nor in the total,
+        #: kept by UUID across readings (a lost GPU NVML no longer lists stays out)
+        self.out: dict[str, str] = {}
 
     @property
     def simulated(self) -> bool:
@@ -265,7 +268,20 @@ class DevicePool:
         self.busy = busy
         return new
 
+    def set_out(self, uuids: Iterable[str], why: str) -> None:
+        """Take devices out of service (``why``: faulty or drained); a server holding one
+        keeps it until it releases it (the fault desk moves it)."""
+        for device_uuid in uuids:
+            self.out[device_uuid] = why
+
+    def set_in(self, uuids: Iterable[str]) -> None:
+        """Return devices to service (an admin's return)."""
+        for device_uuid in uuids:
+            self.out.pop(device_uuid, None)
+
     def _takeable(self, device: Device, as_free: str | None = None) -> bool:
+        if device.uuid in self.out:
+            return False
         if device.uuid in self.holder:
             return self.holder[device.uuid] == as_free
         return device.uuid not in self.busy
@@ -273,7 +289,9 @@ class DevicePool:
     def free_view(self, as_free: str | None = None) -> FreeView:
         """Free and total devices per offering; ``as_free`` names a holder whose devices
         count as free (what a server could take if it stopped first)."""
-        capacity: Counter[str] = Counter(d.key for d in self.devices.values())
+        capacity: Counter[str] = Counter(
+            d.key for d in self.devices.values() if d.uuid not in self.out
+        )
         free: Counter[str] = Counter(
             d.key for d in self.devices.values() if self._takeable(d, as_free)
         )

@@ -10,12 +10,14 @@ it dead. After a hub restart, ``load_state`` claims the devices of re-attached s
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pwd
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
@@ -28,11 +30,13 @@ from ..core.disks import HOME_FOLDER
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..core.shared_data import home_link, shared_data_env
+from ..lifecycle import faults
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
 from . import moves
 from .disks import LocalDiskStore, link_disks
 from .environments import singleuser_of
+from .health import LocalHealthWatcher
 from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
 from .reaper import reaper_command
 from .shared_data import link_shared_data
@@ -41,6 +45,8 @@ from .workers import LocalWorkers
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
 )
+
+log = logging.getLogger(__name__)
 
 _pools: dict[tuple[str, str], DevicePool] = {}
 _pool_lock = asyncio.Lock()
@@ -51,6 +57,71 @@ _discovered: dict[str, Card] = {}
 _with_discovered: dict[tuple[int, tuple[str, ...]], Catalog] = {}
 # claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
 _pending_claims: dict[str, list[str]] = {}
+
+
+async def machine_pool(
+    inventory: str, inventory_file: str, catalog: Catalog, exclude: list[str], node: str
+) -> DevicePool:
+    """This machine's device pool for the ``inventory`` mode and file, read on first use by
+    a spawner or, at hub start, for the fault desk (spawner/lifecycle/faults.py)."""
+    key = (inventory, inventory_file)
+    async with _pool_lock:
+        if key not in _pools:
+            devices = await read_devices(inventory, inventory_file, catalog, exclude)
+            pool = DevicePool(devices, node)
+            for holder, uuids in _pending_claims.items():
+                for device_uuid in pool.claim(uuids, holder):
+                    log.warning("%s: device %s is gone or taken", holder, device_uuid)
+            _pending_claims.clear()
+            desk = faults.desk()
+            if desk is not None:
+                desk.add_pool(pool)
+            _pools[key] = pool
+            kind = "simulated" if pool.simulated else "NVML"
+            log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
+        return _pools[key]
+
+
+async def start_health_watch(
+    desk: faults.FaultDesk,
+    spawner: dict[str, Any],
+    catalog: Catalog,
+    node: str,
+    inventory_file: str,
+) -> None:
+    """At hub start (spawner/lifecycle/faults.py): the device pool and the watcher of its
+    GPUs' health (NVML, or the simulated inventory's faults)."""
+    exclude = list(spawner["exclude_gpus"])
+    pool = await machine_pool(spawner["inventory"], inventory_file, catalog, exclude, node)
+    watcher = LocalHealthWatcher(
+        report=desk.report,
+        drain=desk.auto_drain,
+        mode="file" if pool.simulated else spawner["inventory"],
+        inventory_file=inventory_file,
+        catalog=catalog,
+        exclude=exclude,
+        node=pool.node,
+        poll_seconds=float(desk.settings["poll_seconds"]),
+        ignore_xids=set(desk.settings["ignore_xids"]),
+    )
+    watcher.start()
+    desk.watchers.append(watcher)
+
+
+async def read_devices(
+    inventory: str, inventory_file: str, catalog: Catalog, exclude: list[str]
+) -> list[Device]:
+    """A reading of this machine's devices (NVML in an executor: it blocks)."""
+    loop = asyncio.get_running_loop()
+    devices = await loop.run_in_executor(
+        None, load_local_devices, inventory, inventory_file, catalog, exclude
+    )
+    _read_at[(inventory, inventory_file)] = time.monotonic()
+    _discovered.clear()
+    _discovered.update(
+        (d.card, discovered_card(d.product, d.memory_mib)) for d in devices if not d.known
+    )
+    return devices
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
@@ -253,19 +324,13 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def pool(self) -> DevicePool:
         """This machine's devices, read on first use (in an executor: NVML blocks) and, for
         real GPUs, again by :meth:`reread`."""
-        key = self._pool_key
-        async with _pool_lock:
-            if key not in _pools:
-                devices = await self._read_devices()
-                pool = DevicePool(devices, self.node_name)
-                for holder, uuids in _pending_claims.items():
-                    for device_uuid in pool.claim(uuids, holder):
-                        self.log.warning("%s: device %s is gone or taken", holder, device_uuid)
-                _pending_claims.clear()
-                _pools[key] = pool
-                kind = "simulated" if pool.simulated else "NVML"
-                self.log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
-            return _pools[key]
+        return await machine_pool(
+            self.inventory,
+            self.inventory_file,
+            self.settings_catalog,
+            self.exclude_gpus,
+            self.node_name,
+        )
 
     async def reread(self, pool: DevicePool) -> None:
         """Read NVML's GPUs again when the last reading is older than
@@ -297,21 +362,9 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 )
 
     async def _read_devices(self) -> list[Device]:
-        loop = asyncio.get_running_loop()
-        devices = await loop.run_in_executor(
-            None,
-            load_local_devices,
-            self.inventory,
-            self.inventory_file,
-            self.settings_catalog,
-            self.exclude_gpus,
+        return await read_devices(
+            self.inventory, self.inventory_file, self.settings_catalog, self.exclude_gpus
         )
-        _read_at[self._pool_key] = time.monotonic()
-        _discovered.clear()
-        _discovered.update(
-            (d.card, discovered_card(d.product, d.memory_mib)) for d in devices if not d.known
-        )
-        return devices
 
     async def discover(self) -> None:
         """Read the GPUs before options are checked: a card NVML found that the catalog does

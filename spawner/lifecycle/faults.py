@@ -1,0 +1,573 @@
+"""The fault desk: what the hub does when a GPU fails (docs/gpu-faults.md).
+
+One desk per hub. A watcher (spawner/local/health.py, spawner/kube/health.py) or a server's
+own report hands it a :class:`~spawner.core.health.Fault` on the event loop; the desk then,
+in the same loop step, records it in the book and takes the devices (or the node) out of
+the free pool, so no placement after that step can land on them; saves the book
+(``{data_dir}/gpu-health.json``); and asks for the recovery of every server on them.
+
+A recovery runs in a hub request handler, as a change of GPU does, so its stop and its start
+go through JupyterHub's own machinery: the desk posts ``admin/gpu-faults/{id}/recover`` to the
+hub's API with the token of the ``gputap-health`` service. There (:func:`recover`) billing
+closes the server's session at the detection second, the server is told why (Lab shows it),
+stopped after ``save_grace_seconds``, and started again with its options, its files, disks
+and environment, first in line when nothing is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from gputap_common import clock, labels
+from gputap_common.names import server_label
+
+from ..core.health import DRAINED, FAULTY, BookError, DeviceHealth, Fault, HealthBook
+from . import change as changes
+from . import placing, stops
+from .billing_client import BillingRefused, BillingUnavailable
+
+log = logging.getLogger("gputap.faults")
+
+#: the hub's API path the desk posts each recovery to (spawner/api/gpus.py)
+RECOVER_PATH = "gputap/api/admin/gpu-faults/{id}/recover"
+#: the JupyterHub service whose token the desk posts with
+HEALTH_SERVICE = "gputap-health"
+
+_desk: FaultDesk | None = None
+
+
+def setup(
+    settings: dict[str, Any],
+    data_dir: Path,
+    token: str,
+    start: Callable[[FaultDesk], Awaitable[None]] | None = None,
+) -> FaultDesk | None:
+    """Make this hub's desk (none when ``faults.enabled`` is false) and, inside the running
+    hub (JupyterHub loads its config in its event loop), ``start`` its watchers at once, so
+    a fault on a free GPU is seen before any spawn asks for one."""
+    if not settings["enabled"]:
+        install(None)
+        return None
+    made = FaultDesk(data_dir / "gpu-health.json", settings, token)
+    install(made)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # the config read outside a hub (a check of it): nothing watches
+        return made
+    if start is not None:
+        loop.call_soon(lambda: made._spawn(_started(start, made)))
+    return made
+
+
+async def _started(start: Callable[[FaultDesk], Awaitable[None]], made: FaultDesk) -> None:
+    try:
+        await start(made)
+    except Exception:
+        log.exception("GPU health watch did not start; GPU faults are not watched")
+
+
+def desk() -> FaultDesk | None:
+    """This hub's desk (None: faults are not watched)."""
+    return _desk
+
+
+def install(desk_: FaultDesk | None) -> None:
+    global _desk
+    if _desk is not None:
+        _desk.stop()
+    _desk = desk_
+
+
+class FaultDesk:
+    """Records faults, isolates devices, and asks for recoveries. Synchronous where it
+    isolates (one loop step), asynchronous where it talks to the hub."""
+
+    def __init__(self, path: Path, settings: dict[str, Any], token: str):
+        self.path = Path(path)
+        self.settings = settings
+        self.token = token
+        self.book = self._load()
+        #: local device pools to keep in step with the book (spawner/local/inventory.py)
+        self.pools: list[Any] = []
+        #: the Kubernetes cluster watcher, once it runs (spawner/kube/watch.py)
+        self.cluster: Any = None
+        #: the hub's API URL and how to find a server's holder, learned from spawners
+        self.api_url: str | None = None
+        self.watchers: list[Any] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._saving: asyncio.Task | None = None
+        #: servers being recovered ("user/name"), so one fault is acted on once per server
+        self.recovering: set[str] = set()
+
+    # -- the book ---------------------------------------------------------------------------
+
+    def _load(self) -> HealthBook:
+        history = int(self.settings.get("history", 1000))
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return HealthBook(history)
+        except (OSError, ValueError) as e:
+            # kept aside, never overwritten: an admin may read it; the pool starts healthy
+            aside = self.path.with_suffix(f".unreadable-{int(clock.utcnow().timestamp())}")
+            log.error("GPU health file %s unreadable (%s): kept as %s", self.path, e, aside)
+            self.path.rename(aside)
+            return HealthBook(history)
+        return HealthBook.from_json(data, history)
+
+    def _write(self, text: str) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)
+
+    def save(self) -> None:
+        """Write the book (in an executor when a loop runs), the newest state last."""
+        text = json.dumps(self.book.to_json(), indent=1)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write(text)
+            return
+        previous = self._saving
+
+        async def write() -> None:
+            if previous is not None:
+                await asyncio.shield(previous)
+            await loop.run_in_executor(None, self._write, text)
+
+        self._saving = self._spawn(write())
+
+    async def saved(self) -> None:
+        if self._saving is not None:
+            await asyncio.shield(self._saving)
+
+    # -- isolation -----------------------------------------------------------------------
+
+    def add_pool(self, pool: Any) -> None:
+        """A local device pool: devices the book holds out are out of it from now on."""
+        self.pools.append(pool)
+        pool.set_out([d for d, state in self.book.out().items() if state == FAULTY], FAULTY)
+        pool.set_out([d for d, state in self.book.out().items() if state == DRAINED], DRAINED)
+
+    def add_cluster(self, watcher: Any) -> None:
+        """The Kubernetes cluster watcher (its health watch is in :attr:`watchers`): nodes
+        and units the book holds out stay out."""
+        self.cluster = watcher
+        inventory = watcher.inventory
+        for device, entry in self.book.devices.items():
+            if entry.state == "healthy":
+                continue
+            node, resource = _kube_target(device)
+            if resource is None:
+                inventory.close(node)
+            else:
+                inventory.hold_out(node, resource, 1)
+
+    def _isolate(self, fault: Fault, newly: list[str]) -> None:
+        for pool in self.pools:
+            pool.set_out([d for d in newly if d in pool.devices or d in pool.out], FAULTY)
+            # a lost GPU may already be gone from the reading: keep it out by UUID anyway
+            pool.set_out([d for d in newly if not d.startswith("node:")], FAULTY)
+        if self.cluster is not None:
+            inventory = self.cluster.inventory
+            if fault.whole_node:
+                inventory.close(fault.node)
+            elif fault.resource:
+                inventory.hold_out(fault.node, fault.resource, max(fault.units, 1))
+
+    def report(self, fault: Fault) -> None:
+        """A watcher's finding, on the loop: recorded, isolated in this step, saved, and each
+        server on it recovered. A device already faulty is not acted on twice."""
+        newly = self.book.fault(fault)
+        if not newly:
+            log.info("GPU fault %s on %s: already out of service", fault.detail, fault.node)
+            return
+        self._isolate(fault, newly)
+        log.warning(
+            "GPU fault %s: %s on %s (%s), seen by %s: out of service: %s",
+            fault.id,
+            fault.detail,
+            fault.node,
+            fault.kind,
+            fault.source,
+            ", ".join(newly),
+        )
+        for label in self.affected(fault):
+            self.book.note_outcome(fault.id, label, outcome="stopping")
+            self._spawn(self._ask_recovery(fault, label))
+        self.save()
+        for pool in self.pools:
+            self._wake(pool)
+
+    def _wake(self, pool: Any) -> None:
+        """Waiting spawns see what the pool now offers (the line's heads may no longer fit)."""
+        placing.queues.poke(pool.free_view())
+
+    def affected(self, fault: Fault) -> list[str]:
+        """The servers ("user/name") whose devices the fault hit (workers are stopped by their
+        servers' groups)."""
+        servers: set[str] = set()
+        devices = set(fault.devices)
+        for pool in self.pools:
+            for device, holder in pool.holder.items():
+                if device in devices and "#" not in holder and " (pid " not in holder:
+                    servers.add(holder)
+        if self.cluster is not None:
+            servers.update(self._pods_hit(fault))
+        return sorted(servers)
+
+    def _pods_hit(self, fault: Fault) -> list[str]:
+        """Kubernetes: the gputap servers a fault hits: every one on a node gone bad, and the
+        pods the fault names (their allocatedResourcesStatus, or their own report). An
+        allocatable drop alone names no pod: the server's Lab extension reports its own."""
+        found = []
+        for pod in self.cluster.pods:
+            meta = pod["metadata"]
+            notes = meta.get("annotations") or {}
+            if labels.USER not in notes or labels.WORKER in notes:
+                continue
+            if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
+                "Succeeded",
+                "Failed",
+            ):
+                continue
+            key = f"{meta.get('namespace', '')}/{meta['name']}"
+            on_node = (pod.get("spec") or {}).get("nodeName") == fault.node
+            if (fault.whole_node and on_node) or key in fault.pods:
+                found.append(server_label(notes[labels.USER], notes.get(labels.SERVER) or ""))
+        return found
+
+    def affected_workers(self, fault: Fault) -> list[tuple[str, str]]:
+        """Workers on the fault's devices: (server label, worker name)."""
+        found = []
+        for pool in self.pools:
+            for device, holder in pool.holder.items():
+                if device in fault.devices and "#" in holder:
+                    server, worker = holder.split("#", 1)
+                    found.append((server, worker))
+        return found
+
+    # -- drain and return ------------------------------------------------------------------
+
+    def auto_drain(self, device: str, note: str) -> None:
+        """A watcher's drain (a GPU that needs a reset): new servers go elsewhere."""
+        if self.book.state(device) == "healthy":
+            self.book.drain(device, clock.utcnow(), note)
+            self._apply_state(device, DRAINED)
+            log.warning("GPU %s drained: %s", device, note)
+            self.save()
+
+    def drain(self, device: str, note: str = "") -> DeviceHealth:
+        entry = self.book.drain(device, clock.utcnow(), note)
+        self._apply_state(device, DRAINED)
+        log.warning("GPU %s drained by an admin%s", device, f": {note}" if note else "")
+        self.save()
+        return entry
+
+    def give_back(self, device: str, why_not: str | None = None) -> DeviceHealth | None:
+        """Return ``device`` to service; :class:`BookError` (409) when the cause still
+        shows (``why_not``) or a recovery on it is not finished."""
+        if why_not:
+            raise BookError(why_not)
+        entry = self.book.devices.get(device)
+        if entry is None:
+            raise BookError(f"{device} is in service already")
+        fault = self.book.find(entry.fault) if entry.fault else None
+        if fault is not None:
+            busy = [
+                o["server"]
+                for o in self.book.outcomes.get(fault.id, [])
+                if o.get("outcome") in ("stopping", "waiting")
+            ]
+            if busy:
+                raise BookError(
+                    f"{device}: the recovery of {', '.join(busy)} is not finished; return it "
+                    "once they run again"
+                )
+        self.book.give_back(device)
+        self._apply_state(device, None)
+        log.warning("GPU %s returned to service by an admin", device)
+        self.save()
+        for pool in self.pools:
+            self._wake(pool)
+        if self.cluster is not None:
+            placing.queues.poke(self.cluster.inventory.preemptible_view)
+        return entry
+
+    def _apply_state(self, device: str, state: str | None) -> None:
+        for pool in self.pools:
+            if state is None:
+                pool.set_in([device])
+            else:
+                pool.set_out([device], state)
+        if self.cluster is not None:
+            node, resource = _kube_target(device)
+            inventory = self.cluster.inventory
+            if resource is None:
+                (inventory.reopen if state is None else inventory.close)(node)
+            elif state is None:
+                inventory.give_back(node, resource, 1)
+            else:
+                inventory.hold_out(node, resource, 1)
+
+    def knows(self, device: str) -> bool:
+        """Whether ``device`` is one the admin API may drain or return."""
+        if device in self.book.devices or any(device in p.devices for p in self.pools):
+            return True
+        if self.cluster is not None:
+            node, _ = _kube_target(device)
+            return node in self.cluster.inventory.nodes
+        return False
+
+    async def still_broken(self, device: str) -> str | None:
+        """Why ``device`` cannot be returned yet (its cause still shows), or None."""
+        for watcher in self.watchers:
+            check = getattr(watcher, "still_broken", None)
+            if check is None:
+                continue
+            why = check(device)
+            if asyncio.iscoroutine(why):
+                why = await why
+            if why:
+                return why
+        return None
+
+    def cluster_nodes(self) -> list[dict[str, Any]]:
+        """Kubernetes nodes with GPUs: their state, units and what health agents say."""
+        inventory = self.cluster.inventory
+        nodes = []
+        for name in sorted(inventory.nodes):
+            held = inventory.held_out.get(name, {})
+            state = self.book.state(f"node:{name}")
+            nodes.append(
+                {
+                    "name": name,
+                    "state": state,
+                    "held_out": dict(held),
+                    "closed": name in inventory.closed,
+                }
+            )
+        return nodes
+
+    def server_report(
+        self, label: str, spawner: Any, device: str, kind: str, detail: str, at: datetime
+    ) -> bool:
+        """A server's own report of a failing device. One machine: the hub's watcher reads
+        NVML at once and acts on what it finds (a report alone moves nothing). Kubernetes:
+        trusted for the server's own devices (a user can only move their own server; the
+        unit held out is listed with source lab for an admin to return). True when acted on."""
+        for watcher in self.watchers:
+            check_now = getattr(watcher, "check_now", None)
+            if check_now is not None:
+                check_now()
+        if self.cluster is None:
+            return False
+        node = spawner.node_of_pod() if hasattr(spawner, "node_of_pod") else None
+        if not node:
+            return False
+        words = detail or {"lost": "GPU lost", "ecc": "uncorrected ECC errors"}.get(kind, kind)
+        self.report(
+            Fault(
+                kind="reported",
+                detail=f"{words} (reported by the server on {device})",
+                source="lab",
+                node=node,
+                devices=(f"{node}/{device}",),
+                detected_at=at,
+                resource="nvidia.com/gpu",
+                units=1,
+                pods=(spawner.pod_key,),
+            )
+        )
+        return True
+
+    # -- recovery --------------------------------------------------------------------------
+
+    async def _ask_recovery(self, fault: Fault, label: str) -> None:
+        """Post the recovery to the hub's API (it runs in a request handler there)."""
+        if self.api_url is None:
+            log.error(
+                "%s: GPU fault %s: the hub's API is not known; not recovered", label, fault.id
+            )
+            return
+        # JupyterHub's API is {base}hub/api; gputap's handlers are under {base}hub/
+        hub_url = self.api_url.rstrip("/").removesuffix("/api")
+        url = f"{hub_url}/{RECOVER_PATH.format(id=fault.id)}"
+        request = HTTPRequest(
+            url,
+            method="POST",
+            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            body=json.dumps({"server": label}),
+            request_timeout=30,
+        )
+        client = AsyncHTTPClient(force_instance=True)
+        try:
+            await client.fetch(request)
+        except Exception as e:
+            log.error("%s: GPU fault %s: recovery not started: %s", label, fault.id, e)
+            self.book.note_outcome(fault.id, label, outcome="failed", why=str(e))
+            self.save()
+        finally:
+            client.close()
+
+    def restarts_within(self, label: str, window: timedelta, now: datetime) -> int:
+        """Restarts after faults of server ``label`` within ``window`` before ``now``."""
+        count = 0
+        for fault in self.book.faults:
+            if now - fault.detected_at > window:
+                continue
+            for entry in self.book.outcomes.get(fault.id, []):
+                if entry["server"] == label and entry.get("restarted"):
+                    count += 1
+        return count
+
+    def restart_refusal(self, label: str, now: datetime) -> str | None:
+        """Why the server is not started again (restart off, the limit reached), or None."""
+        if self.settings["restart"] == "off":
+            return "the operator turned restarts after GPU faults off"
+        limit = int(self.settings["max_restarts"])
+        window = timedelta(seconds=int(self.settings["restart_window_seconds"]))
+        if self.restarts_within(label, window, now) >= limit:
+            return f"it was already restarted {limit} times after GPU faults today"
+        return None
+
+    def stop(self) -> None:
+        for watcher in self.watchers:
+            stopping = watcher.stop() if hasattr(watcher, "stop") else None
+            if asyncio.iscoroutine(stopping):
+                self._spawn(stopping)
+        self.watchers.clear()
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+def _kube_target(device: str) -> tuple[str, str | None]:
+    """A book id on Kubernetes: ``node:<name>`` (the node) or ``<node>/<resource>…``."""
+    if device.startswith("node:"):
+        return device.removeprefix("node:"), None
+    node, _, rest = device.partition("/")
+    resource = rest.split("@", 1)[0] if "@" in rest else "nvidia.com/gpu"
+    return node, resource
+
+
+async def recover(hub: Any, user: Any, server_name: str, fault: Fault, desk_: FaultDesk) -> None:
+    """Recover ``user``'s server from ``fault`` (data flow 4–7 of docs/design-gpu-faults.md):
+    close billing at the detection second, tell, stop after the grace, start again."""
+    label = server_label(user.name, server_name)
+    spawner = hub.spawner(user, server_name)
+    record = getattr(spawner, "record", None)
+    if spawner is None or record is None or not spawner.active:
+        desk_.book.note_outcome(fault.id, label, outcome="not running")
+        desk_.save()
+        return
+    if label in desk_.recovering:
+        return
+    desk_.recovering.add(label)
+    try:
+        await _recover(hub, user, server_name, fault, desk_, spawner, record)
+    finally:
+        desk_.recovering.discard(label)
+        desk_.save()
+
+
+async def _recover(
+    hub: Any, user: Any, server_name: str, fault: Fault, desk_: FaultDesk, spawner, record
+) -> None:
+    label = server_label(user.name, server_name)
+    book = desk_.book
+    detected = fault.detected_at
+    started = record.started_at
+    billed_until = max(detected, started) if started else detected
+    # billing first: the session ends at the detection second whatever comes next
+    try:
+        await spawner.metering.close(record.session_id, billed_until)
+    except (BillingUnavailable, BillingRefused) as e:  # retried by metering itself
+        log.warning("%s: closing its session at the fault: %s", label, e)
+    refusal = desk_.restart_refusal(label, clock.utcnow())
+    then = stops.fault_next(refusal is None, refusal or "")
+    reason = stops.by_fault(fault.detail, then)(detected)
+    book.note_outcome(
+        fault.id,
+        label,
+        outcome="stopping",
+        session_id=record.session_id,
+        billed_until=billed_until.isoformat(),
+    )
+    options = {k: v for k, v in (spawner.user_options or {}).items() if k != "queue"}
+    change = changes.Change(
+        user=user.name,
+        server=server_name,
+        reason="fault",
+        from_key=record.offering,
+        to_key=record.offering,
+        state=changes.STOPPING,
+        message="",
+        started_at=clock.utcnow(),
+    )
+    changes.track(change)
+    change.set(changes.STOPPING, f"GPU fault ({fault.detail}): stopping the server")
+    # told now; stopped after the grace, so Lab saves open documents (billing already ended)
+    await spawner._tell_why(reason)
+    await asyncio.sleep(float(desk_.settings["save_grace_seconds"]))
+    spawner.stop_next_because(lambda _at: reason, billed_until=billed_until)
+    try:
+        await hub.stop(user, server_name)
+    except Exception as e:
+        why = changes.reason_of(e)
+        change.set(changes.FAILED, f"The server could not be stopped ({why}).")
+        book.note_outcome(fault.id, label, outcome="failed", why=why)
+        return
+    if refusal is not None:
+        change.set(changes.FAILED, f"Not started again: {refusal}.")
+        book.note_outcome(fault.id, label, outcome="not restarted", why=refusal)
+        return
+    book.note_outcome(fault.id, label, outcome="waiting", restarted=True)
+    desk_.save()
+    options = changes.with_environment_kept({**options, "queue": True}, spawner.user_options)
+    change.set(changes.STARTING, "starting the server again on a healthy GPU")
+    placing.front.add(label)
+    try:
+        await changes.start_following_queue(change, hub, user, options)
+    except Exception as e:
+        why = changes.reason_of(e)
+        change.set(
+            changes.FAILED,
+            f"The server did not start again ({why}). Start it from the hub's home page; "
+            "your files are kept.",
+        )
+        book.note_outcome(fault.id, label, outcome="failed", why=why)
+        spawner = hub.spawner(user, server_name)
+        if spawner is not None:
+            failed = stops.fault_next(False, f"starting it again failed ({why})")
+            spawner.set_stop_reason(stops.by_fault(fault.detail, failed)(detected))
+        return
+    finally:
+        placing.front.discard(label)
+    new_record = hub.spawner(user, server_name).record
+    change.to_key = new_record.offering if new_record else change.to_key
+    where = ", ".join(new_record.devices) if new_record and new_record.devices else "its node"
+    change.set(changes.DONE, f"Running again on a healthy GPU ({where}) after a GPU fault.")
+    book.note_outcome(
+        fault.id,
+        label,
+        outcome="running",
+        new_session_id=new_record.session_id if new_record else None,
+        devices=list(new_record.devices) if new_record else [],
+    )

@@ -1,0 +1,192 @@
+"""GPU faults, the pure parts and the desk without a hub: what counts as a fault, the book of
+each device's state, isolation in the device pool, the queue's front, the stop notice."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from spawner.core.catalog import load_catalog
+from spawner.core.health import (
+    DRAINED,
+    FAULTY,
+    HEALTHY,
+    BookError,
+    Fault,
+    HealthBook,
+    is_critical_xid,
+    xid_detail,
+)
+from spawner.core.placement import Placement
+from spawner.core.queue import WaitQueues
+from spawner.lifecycle import stops
+from spawner.lifecycle.faults import FaultDesk
+from spawner.local.inventory import Device, DevicePool
+
+AT = datetime(2026, 12, 4, 10, 0, 5, tzinfo=UTC)
+SETTINGS = {
+    "enabled": True,
+    "poll_seconds": 2,
+    "ignore_xids": [],
+    "node_conditions": ["GPUXIDErrors"],
+    "restart": "same",
+    "max_restarts": 2,
+    "restart_window_seconds": 86400,
+    "save_grace_seconds": 0,
+    "history": 10,
+}
+
+
+def fault(*devices: str, at: datetime = AT, kind: str = "xid") -> Fault:
+    return Fault(kind, xid_detail(79), "nvml", "ws", tuple(devices), at, gpu=devices[0])
+
+
+def pool() -> DevicePool:
+    return DevicePool(
+        [Device(f"GPU-{i}", "A100-80GB", None, i, 81920, simulated=True) for i in range(3)], "ws"
+    )
+
+
+def test_application_xids_are_not_faults_and_the_operator_may_ignore_more():
+    assert not is_critical_xid(13)
+    assert not is_critical_xid(43)
+    assert is_critical_xid(79)
+    assert not is_critical_xid(79, {79})
+    assert xid_detail(79) == "XID 79 (GPU has fallen off the bus)"
+    assert xid_detail(1234) == "XID 1234"
+
+
+def test_a_fault_puts_its_devices_out_until_an_admin_returns_them():
+    book = HealthBook()
+    assert book.fault(fault("GPU-1")) == ["GPU-1"]
+    assert book.state("GPU-1") == FAULTY
+    # a second fault on the same device changes nothing: it stays with its first fault
+    first = book.devices["GPU-1"].fault
+    assert book.fault(fault("GPU-1", kind="ecc")) == []
+    assert book.devices["GPU-1"].fault == first
+    with pytest.raises(BookError, match="return it instead"):
+        book.drain("GPU-1", AT)
+    assert book.give_back("GPU-1").state == FAULTY
+    assert book.state("GPU-1") == HEALTHY
+
+
+def test_a_drained_device_that_fails_becomes_faulty():
+    book = HealthBook()
+    book.drain("GPU-2", AT, "maintenance")
+    assert book.out() == {"GPU-2": DRAINED}
+    assert book.fault(fault("GPU-2")) == ["GPU-2"]
+    assert book.out() == {"GPU-2": FAULTY}
+
+
+def test_the_book_keeps_its_history_capped_and_reads_back_what_it_wrote():
+    book = HealthBook(history=3)
+    for i in range(5):
+        book.fault(fault(f"GPU-{i}", at=AT + timedelta(seconds=i)))
+    book.note_outcome(book.faults[-1].id, "alice/gpu", outcome="running")
+    assert [f.devices[0] for f in book.faults] == ["GPU-2", "GPU-3", "GPU-4"]
+    again = HealthBook.from_json(json.loads(json.dumps(book.to_json())), history=3)
+    assert again.faults == book.faults
+    assert again.out() == book.out() and len(again.out()) == 5
+    assert again.outcomes[book.faults[-1].id] == [{"server": "alice/gpu", "outcome": "running"}]
+    # outcomes of faults dropped from the history go with them
+    assert set(book.to_json()["outcomes"]) <= {f.id for f in book.faults}
+
+
+def test_devices_out_of_service_are_neither_free_nor_counted():
+    devices = pool()
+    devices.set_out(["GPU-0"], FAULTY)
+    view = devices.free_view()
+    assert (view.max_free("A100-80GB"), view.total("A100-80GB")) == (2, 2)
+    offering = load_catalog({}).offering("A100-80GB")
+    taken = devices.take(Placement(offering, 2, "ws", 0), "alice")
+    assert "GPU-0" not in [d.uuid for d in taken]
+    with pytest.raises(RuntimeError):
+        devices.take(Placement(offering, 1, "ws", 0), "bob")
+    devices.set_in(["GPU-0"])
+    assert devices.free_view().max_free("A100-80GB") == 1
+
+
+def test_a_server_moved_off_a_broken_gpu_waits_ahead_of_new_spawns():
+    lines = WaitQueues()
+    lines.join("bob", "A100-80GB", 1)
+    lines.join("carol", "A100-80GB", 1)
+    lines.join("alice/gpu", "A100-80GB", 1, front=True)
+    lines.join("dave/gpu", "A100-80GB", 1, front=True)
+    assert [w.holder for w in lines.lines["A100-80GB"]] == ["alice/gpu", "dave/gpu", "bob", "carol"]
+    assert lines.position("alice/gpu") == 1
+
+
+def test_the_fault_notice_says_billing_stopped_and_what_happens_next():
+    restarting = stops.by_fault(xid_detail(79), stops.fault_next(True))(AT)
+    view = restarting.view()
+    assert view["kind"] == "fault" and view["restarting"] is True
+    assert "failed at 10:00 UTC: XID 79 (GPU has fallen off the bus)" in view["message"]
+    assert "Billing stopped at that second" in view["message"]
+    limit = stops.by_fault("GPU is lost", stops.fault_next(False, "the limit"))(AT).view()
+    assert limit["restarting"] is False
+    assert "not started again: the limit" in limit["todo"]
+
+
+def test_the_desk_isolates_in_the_same_step_and_names_the_servers_hit(tmp_path):
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    devices = pool()
+    desk.add_pool(devices)
+    devices.holder.update({"GPU-1": "alice/gpu", "GPU-2": "bob/gpu#w1"})
+    hit = fault("GPU-1", "GPU-2")
+    assert desk.affected(hit) == ["alice/gpu"]
+    assert desk.affected_workers(hit) == [("bob/gpu", "w1")]
+    desk._write(json.dumps(desk.book.to_json()))  # the report saves through the loop
+    desk.book.fault(hit)
+    desk._isolate(hit, ["GPU-1", "GPU-2"])
+    assert devices.out == {"GPU-1": FAULTY, "GPU-2": FAULTY}
+    # a new pool (a hub restart) starts with what the book holds out
+    desk.save()
+    again = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    fresh = pool()
+    again.add_pool(fresh)
+    assert fresh.out == {"GPU-1": FAULTY, "GPU-2": FAULTY}
+    assert (tmp_path / "gpu-health.json").stat().st_mode & 0o077 == 0
+
+
+def test_a_device_is_returned_only_once_its_servers_run_again(tmp_path):
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    devices = pool()
+    desk.add_pool(devices)
+    hit = fault("GPU-1")
+    desk.book.fault(hit)
+    desk._isolate(hit, ["GPU-1"])
+    desk.book.note_outcome(hit.id, "alice/gpu", outcome="waiting")
+    with pytest.raises(BookError, match="recovery of alice/gpu is not finished"):
+        desk.give_back("GPU-1")
+    with pytest.raises(BookError, match="still lost"):
+        desk.give_back("GPU-1", "GPU-1 is still lost: NVML cannot open it")
+    desk.book.note_outcome(hit.id, "alice/gpu", outcome="running")
+    desk.give_back("GPU-1")
+    assert devices.out == {} and desk.book.state("GPU-1") == HEALTHY
+    with pytest.raises(BookError, match="in service already"):
+        desk.give_back("GPU-1")
+
+
+def test_restarts_after_faults_are_bounded_per_server(tmp_path):
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    now = AT + timedelta(hours=1)
+    for i in range(2):
+        f = fault(f"GPU-{i}", at=AT + timedelta(minutes=i))
+        desk.book.fault(f)
+        desk.book.note_outcome(f.id, "alice/gpu", restarted=True)
+    assert desk.restart_refusal("bob/gpu", now) is None
+    assert "already restarted 2 times" in desk.restart_refusal("alice/gpu", now)
+    # outside the window they no longer count
+    assert desk.restart_refusal("alice/gpu", AT + timedelta(days=2)) is None
+    off = FaultDesk(tmp_path / "off.json", {**SETTINGS, "restart": "off"}, "token")
+    assert "turned restarts after GPU faults off" in off.restart_refusal("bob/gpu", now)
+
+
+def test_an_unreadable_book_is_kept_aside_and_the_pool_starts_healthy(tmp_path):
+    path = tmp_path / "gpu-health.json"
+    path.write_text("{not json")
+    desk = FaultDesk(path, SETTINGS, "token")
+    assert desk.book.out() == {}
+    assert [p.name for p in tmp_path.iterdir() if "unreadable" in p.name]
