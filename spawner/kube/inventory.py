@@ -9,7 +9,11 @@ internal/lm): ``nvidia.com/gpu`` whole cards; MIG slices as ``nvidia.com/mig-<pr
 ``-SHARED``. Free = allocatable (the device plugin leaves unhealthy GPUs out) minus the
 requests of non-terminal pods bound to the node. A node that takes no new pods offers
 nothing: cordoned, not Ready, or tainted by Kubernetes itself (``node.kubernetes.io/``
-not-ready, unreachable, ... with NoSchedule or NoExecute). :class:`ClusterInventory` is pure:
+not-ready, unreachable, ... with NoSchedule or NoExecute), or closed by gputap for a fault.
+
+GPU faults (spawner/kube/health.py, docs/design-gpu-faults.md): the fault desk holds units of
+faulty devices out (:meth:`ClusterInventory.hold_out`) and closes faulty nodes
+(:meth:`ClusterInventory.close`) until an admin returns them. :class:`ClusterInventory` is pure:
 it takes node and pod objects (Kubernetes JSON) one event at a time, each an O(1) update of
 its :class:`FreeView`.
 """
@@ -86,6 +90,8 @@ class NodeGPUs:
     #: allocatable CPU (millicores) and memory (bytes)
     cpu_milli: int = 0
     memory_bytes: int = 0
+    #: resource -> capacity (unhealthy devices included), for the resources offered
+    capacity: dict[str, int] = field(default_factory=dict)
 
 
 def takes_pods(node: Mapping[str, Any]) -> bool:
@@ -152,6 +158,9 @@ def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
             profile = resource[len(MIG_PREFIX) :]
             if card.profile(profile) is not None:
                 result.resources[offering_key(card.sku, profile)] = (resource, count)
+    capacity = status.get("capacity") or {}
+    for resource, count in result.resources.values():
+        result.capacity[resource] = max(count, quantity(capacity.get(resource, count)))
     return result
 
 
@@ -194,6 +203,23 @@ class ClusterInventory:
         self._holding: dict[str, tuple[str, Counter[str], bool]] = {}
         # placements made but whose pod is not yet seen bound: holder -> (node, requests)
         self._reserved: dict[str, tuple[str, Counter[str]]] = {}
+        #: node -> resource -> units of faulty devices kept out (hold_out), nodes not (yet)
+        #: seen included: the fault book is read before the first list
+        self.held_out: dict[str, Counter[str]] = {}
+        #: nodes that offer nothing for a fault or an admin's drain (close)
+        self.closed: set[str] = set()
+
+    def _usable(self, node: NodeGPUs, resource: str, allocatable: int) -> int:
+        """Units of ``resource`` the node may give: allocatable, but never more than its
+        capacity less the units held out. Not allocatable minus held: while the device
+        plugin still reports a held device Unhealthy, allocatable has left it out already;
+        after the plugin restarts and reports it Healthy (its check starts afresh), capacity
+        less held still keeps it out."""
+        if not node.schedulable or node.name in self.closed:
+            return 0
+        held = self.held_out.get(node.name, Counter())[resource]
+        capacity = node.capacity.get(resource, allocatable)
+        return max(0, min(allocatable, capacity - held))
 
     def _refresh(self, node_name: str) -> None:
         node = self.nodes.get(node_name)
@@ -202,11 +228,47 @@ class ClusterInventory:
         used = self._used.get(node_name, Counter())
         spot = self._spot_used.get(node_name, Counter())
         for key, (resource, allocatable) in node.resources.items():
-            capacity = allocatable if node.schedulable else 0
-            free = min(capacity, max(0, allocatable - used[resource]))
-            self.view.set(key, node_name, free, capacity)
-            preemptible = min(capacity, max(0, allocatable - used[resource] + spot[resource]))
-            self.preemptible_view.set(key, node_name, preemptible, capacity)
+            usable = self._usable(node, resource, allocatable)
+            free = max(0, usable - used[resource])
+            self.view.set(key, node_name, free, usable)
+            preemptible = min(usable, max(0, usable - used[resource] + spot[resource]))
+            self.preemptible_view.set(key, node_name, preemptible, usable)
+
+    def hold_out(self, node: str, resource: str, units: int) -> None:
+        """Keep ``units`` more of ``resource`` on ``node`` out of what is offered: faulty
+        devices, out until :meth:`give_back`, even when the device plugin reports them
+        allocatable again (see ``_usable``). A node not seen yet gets them when it is."""
+        if units < 0:
+            raise ValueError(f"units to hold out must be 0 or more, not {units}")
+        if units:
+            self.held_out.setdefault(node, Counter())[resource] += units
+            self._refresh(node)
+
+    def give_back(self, node: str, resource: str, units: int | None = None) -> None:
+        """Offer again ``units`` (None: all) of ``resource`` held out on ``node``."""
+        if units is not None and units < 0:
+            raise ValueError(f"units to give back must be 0 or more, not {units}")
+        held = self.held_out.get(node)
+        if not held or not held[resource]:
+            return
+        left = 0 if units is None else max(0, held[resource] - units)
+        if left:
+            held[resource] = left
+        else:
+            del held[resource]
+            if not held:
+                del self.held_out[node]
+        self._refresh(node)
+
+    def close(self, node: str) -> None:
+        """Offer nothing on ``node`` (its capacity counts 0, as a cordoned node's) until
+        :meth:`reopen`; its pods run on and are counted as before."""
+        self.closed.add(node)
+        self._refresh(node)
+
+    def reopen(self, node: str) -> None:
+        self.closed.discard(node)
+        self._refresh(node)
 
     def apply_node(self, event: str, node: Mapping[str, Any]) -> None:
         """A node was ADDED, MODIFIED or DELETED."""
@@ -277,5 +339,8 @@ class ClusterInventory:
         return node.cpu_milli - used["cpu"], node.memory_bytes - used["memory"]
 
     def reset(self) -> None:
-        """Forget everything (before a full relist)."""
+        """Forget what the cluster said (before a full relist); holds and closed nodes,
+        gputap's own, stay."""
+        held, closed = self.held_out, self.closed
         self.__init__(self.catalog)
+        self.held_out, self.closed = held, closed

@@ -102,6 +102,11 @@ class ClusterWatcher:
         self._pods_ready = asyncio.Event()
         self._known: dict[str, dict[str, Mapping[str, Any]]] = {"node": {}, "pod": {}}
         self._tasks: list[asyncio.Task] = []
+        #: called with (kind, event, object) for every node and pod event, relists included
+        #: (kind "node" or "pod", event ADDED, MODIFIED or DELETED), after the inventory has
+        #: it and before ``on_change``: what a hook changes in the inventory (a GPU fault held
+        #: out) is in the view the queue wakes to. A hook that raises is logged and skipped.
+        self.on_event: list[Callable[[str, str, Mapping[str, Any]], None]] = []
         #: called with the FreeView after every change (e.g. to wake the queue)
         self.on_change: list[Callable[[Any], None]] = []
         #: "namespace/pod" -> when its server ended (finishedAt, or when it was deleted)
@@ -135,6 +140,12 @@ class ClusterWatcher:
             apply(event, obj)
             if kind == "pod":
                 self._note_end(event, obj)
+            for hook in self.on_event:
+                try:
+                    hook(kind, event, obj)
+                except Exception:
+                    # one hook's bug must not stop the cache (the watch would relist forever)
+                    log.exception("%s event hook failed on %s", kind, obj["metadata"]["name"])
             for callback in self.on_change:
                 callback(self.inventory.view)
 

@@ -28,9 +28,11 @@ from typing import Any, TypeVar
 import tornado.httpserver
 from tornado.netutil import bind_sockets
 
+from . import node_health
 from .api import EVENT, NODE, POD, STORAGE_CLASS, Api
 from .faults import Faults
 from .gc import GarbageCollector
+from .gpus import device_id
 from .kubelet import Kubelet
 from .netns import PodNetwork
 from .owners import OwnerReferencesPermissionEnforcement
@@ -571,6 +573,68 @@ class SimulatedCluster:
         much, as on a node whose NTP is broken."""
         self.kubelet.clock_offsets[node] = offset
 
+    # -- GPU faults and health agents ----------------------------------------------------------
+
+    def _update_node(self, name: str, mutate: Callable[[Obj], None]) -> Obj:
+        return self.api.store.update(NODE.api_version, NODE.kind, "", name, NODE.plural, mutate)
+
+    def gpu_fault(self, node: str, index: int, resource: str = GPU, report: bool = True) -> str:
+        """What the NVIDIA device plugin does when its health check fails device ``index`` of
+        ``resource`` on ``node`` (an XID 79, say): the device is Unhealthy, given to no new
+        pod, and allocatable drops by one (capacity stays). With ``report`` the kubelet
+        writes ``allocatedResourcesStatus`` (health Unhealthy) for the pod holding it, as
+        with ResourceHealthStatus (on from Kubernetes 1.36); without, the pod's status stays
+        as before 1.36. The pod itself runs on (kubernetes#60388). Returns the device ID (what
+        the pod sees in ``NVIDIA_VISIBLE_DEVICES``). A device already Unhealthy changes
+        nothing more."""
+        assert self.kubelet is not None, "start the cluster first"
+        device = self._device(node, index, resource)
+        if self.kubelet.devices.mark_unhealthy(node, device):
+            self._update_node(node, lambda n: node_health.change_allocatable(n, resource, -1))
+        self.kubelet.device_health_changed(node, device, report)
+        return device
+
+    def gpu_heal(self, node: str, index: int, resource: str = GPU) -> str:
+        """The device plugin advertising device ``index`` Healthy again (after a restart its
+        health check starts afresh): allocatable back up by one, and pods whose status
+        reported it see it Healthy. Returns the device ID."""
+        assert self.kubelet is not None, "start the cluster first"
+        device = self._device(node, index, resource)
+        if self.kubelet.devices.mark_healthy(node, device):
+            self._update_node(node, lambda n: node_health.change_allocatable(n, resource, 1))
+        self.kubelet.device_health_changed(node, device, report=False)
+        return device
+
+    def _device(self, node: str, index: int, resource: str) -> str:
+        found = self.api.find(NODE, "", node)
+        if found is None:
+            raise ValueError(f"no node {node!r}")
+        count = int((found["status"].get("capacity") or {}).get(resource, 0))
+        if not 0 <= index < count:
+            raise ValueError(f"node {node} has {count} {resource}; no device {index}")
+        return device_id(resource, node, index)
+
+    def set_condition(
+        self, node: str, type_: str, status: str, reason: str = "", message: str = ""
+    ) -> Obj:
+        """Post the node condition ``type_`` ("True", "False", "Unknown"), as Node Problem
+        Detector or another health agent does (see node_health.py)."""
+        return self._update_node(
+            node, lambda n: node_health.set_condition(n, type_, status, reason, message)
+        )
+
+    def clear_condition(self, node: str, type_: str) -> Obj:
+        """Remove the node condition ``type_``."""
+        return self._update_node(node, lambda n: node_health.clear_condition(n, type_))
+
+    def taint(self, node: str, key: str, effect: str, value: str | None = None) -> Obj:
+        """Taint the node ``key[=value]:effect``, as the GPU operator or an admin does."""
+        return self._update_node(node, lambda n: node_health.taint(n, key, effect, value))
+
+    def untaint(self, node: str, key: str, effect: str | None = None) -> Obj:
+        """Remove the node's taints of ``key`` (of that ``effect`` only, when given)."""
+        return self._update_node(node, lambda n: node_health.untaint(n, key, effect))
+
     # -- inspection ----------------------------------------------------------------------------
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
@@ -676,6 +740,26 @@ class ClusterThread:
 
     def skew_clock(self, node: str, offset: timedelta) -> None:
         return self.call(self.cluster.skew_clock, node, offset)
+
+    def gpu_fault(self, node: str, index: int, resource: str = GPU, report: bool = True) -> str:
+        return self.call(self.cluster.gpu_fault, node, index, resource, report)
+
+    def gpu_heal(self, node: str, index: int, resource: str = GPU) -> str:
+        return self.call(self.cluster.gpu_heal, node, index, resource)
+
+    def set_condition(
+        self, node: str, type_: str, status: str, reason: str = "", message: str = ""
+    ) -> Obj:
+        return self.call(self.cluster.set_condition, node, type_, status, reason, message)
+
+    def clear_condition(self, node: str, type_: str) -> Obj:
+        return self.call(self.cluster.clear_condition, node, type_)
+
+    def taint(self, node: str, key: str, effect: str, value: str | None = None) -> Obj:
+        return self.call(self.cluster.taint, node, key, effect, value)
+
+    def untaint(self, node: str, key: str, effect: str | None = None) -> Obj:
+        return self.call(self.cluster.untaint, node, key, effect)
 
     def pods(self, namespace: str | None = None) -> list[Obj]:
         return self.call(self.cluster.pods, namespace)

@@ -11,7 +11,12 @@ such an image on a GPU node sees every GPU of the node, unless it sets ``void`` 
 empty or unset behave as runc, ``none`` gives no GPU but the driver).
 
 Pure: device IDs are ``GPU-<node>-<i>`` for whole GPUs and ``<kind>-<node>-<i>`` for other
-``nvidia.com/`` resources (``mig-1g.10gb-<node>-0``, ``gpu.shared-<node>-3``).
+``nvidia.com/`` resources (``mig-1g.10gb-<node>-0``, ``gpu.shared-<node>-3``). A pod learns
+its own from ``NVIDIA_VISIBLE_DEVICES``, and the kubelet reports them as the ``resourceID``
+of ``allocatedResourcesStatus`` (ResourceHealthStatus), as the real device plugin's IDs.
+
+A device the plugin marked Unhealthy (:meth:`DevicePlugin.mark_unhealthy`) is given to no
+new pod; the pod holding it keeps it (kubernetes#60388: nothing evicts it).
 """
 
 from __future__ import annotations
@@ -59,30 +64,79 @@ class DevicePlugin:
     def __init__(self) -> None:
         self.held: dict[str, tuple[str, list[str]]] = {}  # pod uid -> (node, device IDs)
         self.visible: dict[str, list[str]] = {}  # pod uid -> device IDs its container sees
+        #: pod uid -> container name -> resource -> the device IDs given to it
+        self.given: dict[str, dict[str, dict[str, list[str]]]] = {}
+        #: node name -> device IDs the plugin reports Unhealthy
+        self.unhealthy: dict[str, set[str]] = {}
 
     def allocate(self, node: Obj, pod: Obj, live: set[str]) -> dict[str, str]:
-        """Give the pod devices for its ``nvidia.com/`` limits, among those no live pod
-        (uids in ``live``) holds; the environment the device plugin adds (empty without)."""
+        """Give the pod devices for its ``nvidia.com/`` limits, among the healthy ones no live
+        pod (uids in ``live``) holds; the environment the device plugin adds (empty without)."""
         for uid in [u for u in self.held if u not in live]:
             del self.held[uid]
             self.visible.pop(uid, None)
+            self.given.pop(uid, None)
         name, uid = node["metadata"]["name"], pod["metadata"]["uid"]
         self.held.pop(uid, None)
+        self.given.pop(uid, None)
         taken = {d for n, devices in self.held.values() if n == name for d in devices}
+        taken |= self.unhealthy.get(name, set())
         capacity = node["status"].get("capacity") or {}
         given: list[str] = []
+        per_container: dict[str, dict[str, list[str]]] = {}
         for container in pod["spec"].get("containers") or []:
             limits = (container.get("resources") or {}).get("limits") or {}
             for resource, quantity in limits.items():
                 if not resource.startswith(PREFIX):
                     continue
                 pool = [device_id(resource, name, i) for i in range(int(capacity.get(resource, 0)))]
-                free = [d for d in pool if d not in taken and d not in given]
-                given += free[: int(quantity)]
+                free = [d for d in pool if d not in taken and d not in given][: int(quantity)]
+                given += free
+                per_container.setdefault(container["name"], {})[resource] = free
         if not given:
             return {}
         self.held[uid] = (name, given)
+        self.given[uid] = per_container
         return {VISIBLE: ",".join(given)}
+
+    def mark_unhealthy(self, node: str, device: str) -> bool:
+        """The plugin's health check failed ``device`` (ListAndWatch sends it Unhealthy);
+        False if it already was."""
+        bad = self.unhealthy.setdefault(node, set())
+        if device in bad:
+            return False
+        bad.add(device)
+        return True
+
+    def mark_healthy(self, node: str, device: str) -> bool:
+        """``device`` is advertised Healthy again (the plugin restarted, or its check
+        passed); False if it was not Unhealthy."""
+        bad = self.unhealthy.get(node, set())
+        if device not in bad:
+            return False
+        bad.discard(device)
+        return True
+
+    def holders(self, node: str, device: str) -> list[str]:
+        """The uids of the pods holding ``device`` of ``node``."""
+        return [uid for uid, (n, devices) in self.held.items() if n == node and device in devices]
+
+    def resource_status(self, uid: str, container: str) -> list[dict[str, object]]:
+        """The container's ``allocatedResourcesStatus`` as a kubelet with ResourceHealthStatus
+        writes it: each device-plugin resource it was given, each device with its health."""
+        node = self.held.get(uid, ("", []))[0]
+        bad = self.unhealthy.get(node, set())
+        return [
+            {
+                "name": resource,
+                "resources": [
+                    {"resourceID": d, "health": "Unhealthy" if d in bad else "Healthy"}
+                    for d in devices
+                ],
+            }
+            for resource, devices in self.given.get(uid, {}).get(container, {}).items()
+            if devices
+        ]
 
     def expose(self, node: Obj, pod: Obj, env: dict[str, str]) -> list[str]:
         """What the container runtime exposes for the container's final environment;

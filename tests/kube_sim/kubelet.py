@@ -126,6 +126,8 @@ class Kubelet:
         self._unsubscribe = None
         #: node name -> how far its clock is ahead of the API server's (behind: negative)
         self.clock_offsets: dict[str, timedelta] = {}
+        #: uids of pods whose containers' status carries allocatedResourcesStatus
+        self.health_reported: set[str] = set()
 
     def node_now(self, node: str) -> datetime:
         """The time on ``node``'s clock."""
@@ -175,6 +177,7 @@ class Kubelet:
             if run is not None:
                 # removed without a grace period (force delete, or a pod already Failed)
                 self.runs.pop(uid, None)
+                self.health_reported.discard(uid)
                 self._logs.pop((run.namespace, run.name), None)
                 run.terminating = True
                 asyncio.create_task(self._stop(run, 0))
@@ -253,8 +256,37 @@ class Kubelet:
             p["status"]["containerStatuses"] = [
                 self._container_status(container, restarts, state, ready, last)
             ]
+            self._resource_health(run.uid, p)
 
         return self._status(run, mutate)
+
+    def _resource_health(self, uid: str, pod: Obj) -> None:
+        if uid not in self.health_reported:
+            return
+        for status in pod["status"].get("containerStatuses") or []:
+            health = self.devices.resource_status(uid, status["name"])
+            if health:
+                status["allocatedResourcesStatus"] = health
+            else:
+                status.pop("allocatedResourcesStatus", None)
+
+    def device_health_changed(self, node: str, device: str, report: bool) -> list[Obj]:
+        """The device plugin changed the health of ``device`` on ``node``. With ``report``
+        (a kubelet with ResourceHealthStatus: alpha from 1.31, beta and on from 1.36) the
+        pods holding it get their containers' ``allocatedResourcesStatus`` written; without,
+        their status stays as before 1.36, but for pods whose status already reports their
+        devices. Either way they run on (kubernetes#60388). Returns the pods whose status
+        was written."""
+        written = []
+        for uid in self.devices.holders(node, device):
+            run = self.runs.get(uid)
+            if run is None or not (report or uid in self.health_reported):
+                continue
+            self.health_reported.add(uid)
+            pod = self._status(run, lambda p, uid=uid: self._resource_health(uid, p))
+            if pod is not None:
+                written.append(pod)
+        return written
 
     def _event(self, pod: Obj | None, reason: str, message: str, type_: str = "Normal") -> None:
         if pod is not None:
@@ -581,6 +613,7 @@ class Kubelet:
         if self.volumes:
             self.volumes.forget(pod)
         self.runs.pop(meta["uid"], None)
+        self.health_reported.discard(meta["uid"])
         self._logs.pop((meta["namespace"], meta["name"]), None)
         current = self.api.find(POD, meta["namespace"], meta["name"])
         if current is not None and current["metadata"]["uid"] == meta["uid"]:
