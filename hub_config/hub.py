@@ -498,6 +498,7 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
     if not faults_settings["enabled"]:
         faults.setup(faults_settings, settings.data_dir, "")
         return
+    c.GPUSpawnerMixin.fault_restart = faults_settings["restart"]
     token = secrets.token_hex(32)
     c.JupyterHub.services.append({"name": faults.HEALTH_SERVICE, "api_token": token})
     c.JupyterHub.load_roles.append(

@@ -360,6 +360,7 @@ def render_form(
     simulated: bool,
     preview_url: str,
     spot_discount_percent: int | None = None,
+    offer_similar_on_fault: bool = False,
     notice: str = "",
     courses: Sequence[CourseOffer] = (),
     refused: Refused | None = None,
@@ -372,9 +373,11 @@ def render_form(
     ``spot_discount_percent`` offers the interruptible choice (backends that can preempt);
     ``notice`` is shown first (e.g. why the user's last server was stopped); ``courses``
     come first, each with the options it pays for and the hours left this week;
-    ``refused``: the last start was refused: say why, select what was asked again, and
-    offer the alternatives as buttons that select them; ``picker``: the environments the user
-    may choose (environment_form.py), shown before the GPU options.
+    ``offer_similar_on_fault``: the choice to restart on a similar free GPU after a GPU
+    fault (faults.restart: allowed); ``refused``: the last start was refused: say why,
+    select what was asked again, and offer the alternatives as buttons that select them;
+    ``picker``: the environments the user may choose (environment_form.py), shown before
+    the GPU options.
     """
     currency = credit.currency
     picked = dict(refused.options) if refused else None
@@ -465,6 +468,14 @@ def render_form(
             f" Interruptible (spot): {spot_discount_percent}% cheaper, but the server may be "
             "stopped when an on-demand server needs the GPU (your files stay)</label>"
         )
+    if offer_similar_on_fault:
+        similar = " checked" if flags.get("on_fault") == "similar" else ""
+        run.append(
+            '<label class="gputap-choice"><input type="checkbox" name="on_fault" '
+            f'value="similar" id="gputap-on-fault"{similar}>'
+            " If my GPU fails and the same is not free, restart me on the cheapest free GPU "
+            "at least as large (it may cost more per hour)</label>"
+        )
     parts.append(f"<fieldset><legend>How to run</legend>{''.join(run)}</fieldset>")
     parts.append("</div>")
     parts.append(_SCRIPT)
@@ -490,6 +501,8 @@ def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, objec
     for flag in ("queue", "spot"):
         if _first(form_data, flag):
             options[flag] = True
+    if _first(form_data, "on_fault") == "similar":
+        options["on_fault"] = "similar"
     return options
 
 

@@ -159,7 +159,7 @@ class HealthBook:
         self.faults.append(fault)
         del self.faults[: max(0, len(self.faults) - self.history)]
         self.outcomes.setdefault(fault.id, [])
-        ids = list(fault.devices) or [f"node:{fault.node}"]
+        ids = list(fault.devices) or [self.id_of(fault)]
         newly = []
         for device in ids:
             entry = self.devices.get(device)
@@ -168,6 +168,14 @@ class HealthBook:
             self.devices[device] = DeviceHealth(FAULTY, fault.detected_at, fault.id)
             newly.append(device)
         return newly
+
+    @staticmethod
+    def id_of(fault: Fault) -> str:
+        """The book's id for a fault that names no device: the node (``node:<name>``), or
+        the units of a resource a node lost (``<node>/<resource>@<fault id>``)."""
+        if fault.resource:
+            return f"{fault.node}/{fault.resource}@{fault.id}"
+        return f"node:{fault.node}"
 
     def drain(self, device: str, at: datetime, note: str = "") -> DeviceHealth:
         entry = self.devices.get(device)

@@ -257,7 +257,13 @@ class ServerOptions:
     #: checks them against its catalog (spawner/core/environments.py)
     environment: str = ""
     image: str = ""
+    #: after a GPU fault: wait for the same (``same``), or take a similar free GPU
+    #: (``similar``) where the operator allows it (faults.restart: allowed)
+    on_fault: str = "same"
 
+
+#: what a server may do after a GPU fault (docs/gpu-faults.md)
+ON_FAULT = ("same", "similar")
 
 COURSE_SLUG = re.compile(r"[a-z0-9][a-z0-9-]{1,62}")
 #: the key of a slice's MIG profile, and the older name it is still accepted under
@@ -288,6 +294,9 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
         raise RequestError(f"course must be the slug of one of your courses, not {shown(course)}")
     if course and flags["spot"]:
         raise RequestError("a course pays for on-demand servers only; leave spot off")
+    on_fault = options.pop("on_fault", "same")
+    if on_fault not in ON_FAULT:
+        raise RequestError(f"on_fault must be same or similar, not {shown(on_fault)}")
     environment = _text(options.pop("environment", ""), "environment", "the key of an environment")
     image = _text(options.pop("image", ""), "image", "an image reference")
     return ServerOptions(
@@ -296,6 +305,7 @@ def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> Server
         course=course,
         environment=environment,
         image=image,
+        on_fault=on_fault,
     )
 
 

@@ -171,6 +171,18 @@ class KubeHealthWatcher:
         #: pod uid -> (node, resource, resourceID) it reports Unhealthy
         self._pods: dict[str, set[tuple[str, str, str]]] = {}
 
+    def still_broken(self, device: str) -> str | None:
+        """Why an admin may not return ``device`` (a book id) yet: its node still has a
+        condition or taint that means its GPUs fail; None otherwise."""
+        node = device.removeprefix("node:") if device.startswith("node:") else None
+        if node is None:
+            node = device.partition("/")[0]
+        state = self._nodes.get(node)
+        if state is None or not state.reasons:
+            return None
+        reasons = ", ".join(sorted(state.reasons))
+        return f"node {node} still shows {reasons}; clear that on the node first"
+
     def on_event(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """A ``kind`` ("node" or "pod") was ADDED, MODIFIED or DELETED."""
         if kind == "node":

@@ -168,13 +168,11 @@ class FaultDesk:
         self.cluster = watcher
         inventory = watcher.inventory
         for device, entry in self.book.devices.items():
-            if entry.state == "healthy":
-                continue
             node, resource = _kube_target(device)
             if resource is None:
                 inventory.close(node)
             else:
-                inventory.hold_out(node, resource, 1)
+                inventory.hold_out(node, resource, self._units(device, entry.fault))
 
     def _isolate(self, fault: Fault, newly: list[str]) -> None:
         for pool in self.pools:
@@ -186,7 +184,8 @@ class FaultDesk:
             if fault.whole_node:
                 inventory.close(fault.node)
             elif fault.resource:
-                inventory.hold_out(fault.node, fault.resource, max(fault.units, 1))
+                # 0: a pod naming a unit the node's allocatable drop already held out
+                inventory.hold_out(fault.node, fault.resource, fault.units)
 
     def report(self, fault: Fault) -> None:
         """A watcher's finding, on the loop: recorded, isolated in this step, saved, and each
@@ -297,8 +296,8 @@ class FaultDesk:
                     f"{device}: the recovery of {', '.join(busy)} is not finished; return it "
                     "once they run again"
                 )
+        self._apply_state(device, None)  # first: it reads the entry's units
         self.book.give_back(device)
-        self._apply_state(device, None)
         log.warning("GPU %s returned to service by an admin", device)
         self.save()
         for pool in self.pools:
@@ -318,10 +317,21 @@ class FaultDesk:
             inventory = self.cluster.inventory
             if resource is None:
                 (inventory.reopen if state is None else inventory.close)(node)
-            elif state is None:
-                inventory.give_back(node, resource, 1)
             else:
-                inventory.hold_out(node, resource, 1)
+                entry = self.book.devices.get(device)
+                units = self._units(device, entry.fault if entry else None)
+                if state is None:
+                    inventory.give_back(node, resource, units)
+                elif entry is None or entry.state == DRAINED:
+                    inventory.hold_out(node, resource, units)
+
+    def _units(self, device: str, fault_id: str | None) -> int:
+        """Units a Kubernetes book entry holds out: a device one, a node's lost units as its
+        fault counted them (0: a unit another fault of the same device holds)."""
+        fault = self.book.find(fault_id) if fault_id else None
+        if fault is None:
+            return 1
+        return fault.units if "@" in device or fault.units == 0 else 1
 
     def knows(self, device: str) -> bool:
         """Whether ``device`` is one the admin API may drain or return."""
@@ -356,7 +366,7 @@ class FaultDesk:
                 {
                     "name": name,
                     "state": state,
-                    "held_out": dict(held),
+                    "held_out": {resource: n for resource, n in held.items() if n},
                     "closed": name in inventory.closed,
                 }
             )
@@ -544,7 +554,9 @@ async def _recover(
     change.set(changes.STARTING, "starting the server again on a healthy GPU")
     placing.front.add(label)
     try:
-        await changes.start_following_queue(change, hub, user, options)
+        similar = await _similar(desk_, spawner, options, record)
+        if similar is None or not await _started_on(change, hub, user, similar):
+            await changes.start_following_queue(change, hub, user, options)
     except Exception as e:
         why = changes.reason_of(e)
         change.set(
@@ -571,3 +583,38 @@ async def _recover(
         new_session_id=new_record.session_id if new_record else None,
         devices=list(new_record.devices) if new_record else [],
     )
+
+
+async def _similar(
+    desk_: FaultDesk, spawner: Any, options: dict[str, Any], record: Any
+) -> dict[str, Any] | None:
+    """The options of the cheapest free GPU at least as large (memory, FP16 TFLOPS) as the
+    failed one, when the user allowed it in advance (``on_fault: similar``), the operator
+    allows it (``faults.restart: allowed``) and the same is not free now; else None."""
+    if desk_.settings["restart"] != "allowed" or options.get("on_fault") != "similar":
+        return None
+    view, _ = await spawner.gpu_free_view()
+    if view.max_free(record.offering) >= record.count:
+        return None
+    offering = spawner.catalog.offering(record.offering)
+    if offering.kind == "cpu":
+        return None
+    kept = {k: v for k, v in options.items() if k in ("course", "environment", "image", "spot")}
+    return {
+        **kept,
+        "kind": "spec",
+        "min_memory_gb": offering.memory_gb,
+        "min_tflops": offering.fp16_tflops,
+        "count": record.count,
+        "on_fault": "similar",
+    }
+
+
+async def _started_on(change: changes.Change, hub: Any, user: Any, options: dict) -> bool:
+    """Start on ``options`` without waiting in line; False (logged) when that fails."""
+    try:
+        await hub.start(user, change.server, options)
+    except Exception as e:
+        log.info("%s: no similar GPU free (%s); waiting for the same", change.who, e)
+        return False
+    return True

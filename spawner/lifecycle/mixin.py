@@ -128,6 +128,17 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
         """,
     )
 
+    fault_restart = Unicode(
+        "same",
+        config=True,
+        help="""After a GPU fault (faults.restart; docs/gpu-faults.md): "same" starts the
+        server again on the same request, "allowed" also offers users the choice of a
+        similar free GPU in advance (the spawn form's on_fault), "off" does not restart.
+
+        c.GPUSpawnerMixin.fault_restart = "allowed"
+        """,
+    )
+
     disk_max_size_gb = Integer(
         100,
         config=True,
@@ -602,6 +613,7 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
             simulated=simulated,
             preview_url=self.hub.base_url + PREVIEW_PATH,
             spot_discount_percent=spot_discount if self.offers_spot else None,
+            offer_similar_on_fault=self.fault_restart == "allowed",
             notice=self.notice,
             courses=courses,
             refused=refused and with_alternatives(refused, choices, credit),

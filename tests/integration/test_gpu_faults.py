@@ -1,0 +1,236 @@
+"""GPU faults on one machine (docs/gpu-faults.md): a fault injected on the device of a running
+server takes the device out of the pool, ends the billing session at the detection second,
+and the server runs again on another device with its files; no later spawn lands on the
+faulty device until an admin returns it; an application XID changes nothing; a fault on a
+free device only takes it out; past the restart limit the server stays stopped, told why.
+
+The faults are the simulated inventory's (``fault:`` entries, as the fake NVML's are NVML's:
+tests/nvml/test_nvml_health.py), read by the hub's real watcher.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.platform import Platform
+
+T4 = {"kind": "card", "card": "T4"}
+GPUS = [{"card": "T4"}, {"card": "T4"}, {"card": "T4"}, {"card": "RTX-4090"}]
+
+
+def parse(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def write_inventory(path: Path, faults: dict[int, dict]) -> None:
+    gpus = [{**gpu, **({"fault": faults[i]} if i in faults else {})} for i, gpu in enumerate(GPUS)]
+    path.write_text(yaml.safe_dump({"node": "workstation", "gpus": gpus}))
+
+
+class Machine:
+    """The platform, and the simulated GPUs' faults as a machine's state."""
+
+    def __init__(self, root: Path, **faults_settings):
+        self.inventory = root / "inventory.yaml"
+        self.faults: dict[int, dict] = {}
+        write_inventory(self.inventory, {})
+        self.platform = Platform(
+            root,
+            extra={
+                "hub": {"admin_users": ["root"]},
+                "spawner": {"inventory": "file", "inventory_file": str(self.inventory)},
+                "faults": {"poll_seconds": 0.5, "save_grace_seconds": 1, **faults_settings},
+            },
+        )
+
+    def inject(self, index: int, fault: dict) -> float:
+        """A fault on GPU ``index``; when it was injected (epoch seconds)."""
+        self.faults[index] = fault
+        at = time.time()
+        write_inventory(self.inventory, self.faults)
+        return at
+
+    def api(self, path: str, method: str = "GET", body=None) -> requests.Response:
+        return self.platform.api.request(
+            method, f"{self.platform.url}/hub/gputap/api/{path}", json=body, timeout=60
+        )
+
+    def devices(self) -> list[dict]:
+        r = self.api("admin/gpus")
+        assert r.status_code == 200, r.text
+        return r.json()["devices"]
+
+    def device(self, index: int) -> dict:
+        return next(d for d in self.devices() if d["label"].startswith(f"GPU {index}:"))
+
+    def held_by(self, holder: str) -> dict:
+        return next(d for d in self.devices() if d["held_by"] == holder)
+
+    def faults_seen(self) -> list[dict]:
+        r = self.api("admin/gpu-faults")
+        assert r.status_code == 200, r.text
+        return r.json()["faults"]
+
+    def wait_for(self, what, timeout: float = 60, step: float = 0.25):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = what()
+            if value:
+                return value
+            time.sleep(step)
+        raise AssertionError(f"timed out waiting\n{self.platform.log_tail(80)}")
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory):
+    m = Machine(tmp_path_factory.mktemp("gpu-faults"))
+    m.platform.start()
+    yield m
+    m.platform.shutdown()
+
+
+def user_api(platform, token: str, path: str, method: str = "GET", body=None):
+    return requests.request(
+        method,
+        f"{platform.url}/hub/gputap/api/{path}",
+        headers={"Authorization": f"token {token}"},
+        json=body,
+        timeout=60,
+    )
+
+
+def contents(platform, token: str, name: str, path: str, text: str | None = None):
+    url = f"{platform.url}/user/{name}/api/contents/{path}"
+    headers = {"Authorization": f"token {token}"}
+    if text is None:
+        return requests.get(url, headers=headers, timeout=30)
+    body = {"type": "file", "format": "text", "content": text}
+    return requests.put(url, headers=headers, json=body, timeout=30)
+
+
+def test_a_fault_on_a_running_servers_gpu_moves_it_and_ends_billing_at_that_second(machine):
+    p = machine.platform
+    p.create_user("alice")
+    token = p.user_token("alice")
+    assert p.spawn("alice", T4).status_code in (201, 202)
+    p.wait_ready("alice")
+    assert contents(p, token, "alice", "work.txt", "epoch 7").status_code in (200, 201)
+    first = machine.held_by("alice")
+    index = int(first["label"].split()[1].rstrip(":"))
+    [session] = p.sessions("alice")
+
+    injected = machine.inject(index, {"xid": 79})
+    out = machine.wait_for(lambda: machine.device(index)["state"] == "faulty" and time.time())
+    assert out - injected <= 5, "out of the pool within 5 s on one machine"
+    [fault] = [f for f in machine.faults_seen() if first["id"] in f["devices"]]
+    assert fault["kind"] == "xid" and "XID 79" in fault["detail"]
+    detected = parse(fault["detected_at"])
+
+    # billing ended at the detection second
+    def ended():
+        s = next(s for s in p.sessions("alice") if s["id"] == session["id"])
+        return s if s["state"] == "ended" else None
+
+    closed = machine.wait_for(ended)
+    assert abs(parse(closed["ended_at"]) - detected) <= 1, (closed, fault)
+
+    # the server runs again, elsewhere, with its files and a session of its own
+    def running_again():
+        r = user_api(p, token, "users/alice/server")
+        view = r.json()
+        change = view.get("change") or {}
+        return view if view["running"] and change.get("state") == "done" else None
+
+    view = machine.wait_for(running_again, timeout=90)
+    assert view["change"]["reason"] == "fault"
+    second = machine.held_by("alice")
+    assert second["id"] != first["id"] and second["offering"] == "T4"
+    r = contents(p, token, "alice", "work.txt")
+    assert r.status_code == 200 and r.json()["content"] == "epoch 7"
+    sessions = p.sessions("alice")
+    new = next(s for s in sessions if s["id"] != session["id"])
+    assert parse(new["started_at"]) >= detected
+    # the hub's page tells it: the stop reason kept on the spawner (kind fault)
+    outcomes = {s["server"]: s for s in machine.faults_seen()[0]["servers"]}
+    assert outcomes["alice"]["outcome"] == "running"
+
+    # no later spawn lands on the faulty device while it is out
+    p.create_user("bob")
+    assert p.spawn("bob", T4).status_code in (201, 202)
+    p.wait_ready("bob")
+    assert machine.held_by("bob")["id"] != first["id"]
+    p.create_user("carol")
+    p.spawn("carol", T4)  # the third T4 is the faulty one: nothing is free, it is refused
+    time.sleep(3)
+    assert machine.device(index)["held_by"] is None
+    assert not (p.server("carol") or {}).get("ready")
+
+    # an admin returns it: a drain or return by a user is refused
+    bob = p.user_token("bob")
+    denied = user_api(p, bob, f"admin/gpus/{first['id']}/return", "POST", {})
+    assert denied.status_code == 403
+    back = machine.api(f"admin/gpus/{first['id']}/return", "POST", {"note": "reseated"})
+    assert back.status_code == 200, back.text
+    assert machine.device(index)["state"] == "healthy"
+    p.stop_server("bob")
+    p.stop_server("alice")
+
+
+def test_an_application_xid_changes_nothing(machine):
+    p = machine.platform
+    p.create_user("dora")
+    p.user_token("dora")
+    assert p.spawn("dora", T4).status_code in (201, 202)
+    p.wait_ready("dora")
+    held = machine.held_by("dora")
+    index = int(held["label"].split()[1].rstrip(":"))
+    before = len(machine.faults_seen())
+    machine.inject(index, {"xid": 13})
+    time.sleep(3)  # six polls
+    assert machine.device(index)["state"] == "healthy"
+    assert machine.held_by("dora")["id"] == held["id"]
+    assert len(machine.faults_seen()) == before
+    [session] = p.sessions("dora")
+    assert session["state"] == "running"
+    machine.faults.pop(index)
+    p.stop_server("dora")
+
+
+def test_a_fault_on_a_free_gpu_only_takes_it_out(machine):
+    free = next(d for d in machine.devices() if d["state"] == "healthy" and not d["held_by"])
+    index = int(free["label"].split()[1].rstrip(":"))
+    machine.inject(index, {"lost": True})
+    machine.wait_for(lambda: machine.device(index)["state"] == "faulty", timeout=10)
+    [fault] = [f for f in machine.faults_seen() if free["id"] in f["devices"]]
+    assert fault["kind"] == "lost" and fault["servers"] == []
+    drained = machine.api(f"admin/gpus/{free['id']}/drain", "POST", {})
+    assert drained.status_code == 409 and "return it instead" in drained.json()["message"]
+    unknown = machine.api("admin/gpus/GPU-nope/return", "POST", {})
+    assert unknown.status_code == 404
+
+
+def test_past_the_restart_limit_the_server_stays_stopped_and_says_why(tmp_path):
+    m = Machine(tmp_path, max_restarts=0)
+    p = m.platform
+    p.start()
+    try:
+        p.create_user("erin")
+        token = p.user_token("erin")
+        assert p.spawn("erin", T4).status_code in (201, 202)
+        p.wait_ready("erin")
+        index = int(m.held_by("erin")["label"].split()[1].rstrip(":"))
+        m.inject(index, {"ecc": 2})
+        p.wait_stopped("erin", timeout=30)
+        stop = user_api(p, token, "users/erin/server").json()["stop"]
+        assert stop["kind"] == "fault"
+        assert "not started again" in stop["todo"]
+        time.sleep(2)
+        assert p.server("erin") is None or not p.server("erin").get("ready")
+    finally:
+        p.shutdown()
