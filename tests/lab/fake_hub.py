@@ -254,6 +254,20 @@ class StopHandler(HubHandler):
             self.answer(204, None)
 
 
+class GPUFaultHandler(HubHandler):
+    """``POST {server}/gpu-fault``: the server reports a fault of one of its devices; 202
+    (the hub acts on it; the reports are in ``seen``)."""
+
+    def post(self, user: str, named: str | None) -> None:
+        if not self.owned_server(user, _name(named)):
+            return
+        body = self.body
+        if not isinstance(body, dict) or sorted(body) != ["detail", "device", "kind"]:
+            self.fail(400, "Send device, kind and detail.")
+            return
+        self.answer(202, None)
+
+
 class DisksHandler(HubHandler):
     def disks_json(self) -> dict[str, Any]:
         return {
@@ -349,6 +363,7 @@ def make_app(state: HubState) -> Application:
             (SERVER + "/choices", ChoicesHandler, kwargs),
             (SERVER + "/change", ChangeHandler, kwargs),
             (SERVER + "/stop", StopHandler, kwargs),
+            (SERVER + "/gpu-fault", GPUFaultHandler, kwargs),
             (r"/hub/gputap/api/users/([^/]+)/disks", DisksHandler, kwargs),
             (r"/hub/gputap/api/users/([^/]+)/disks/([^/]+)", DiskHandler, kwargs),
             (

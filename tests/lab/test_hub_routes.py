@@ -364,6 +364,7 @@ def test_the_hubs_stop_announcement_is_kept_and_reaches_open_pages_at_once(serve
         ({**STOPPING, "x" * 300: 1}, "1 unknown field(s)"),
         ({**STOPPING, "message": "y" * 600}, "at most 500 characters"),
         ({**STOPPING, "at": "yesterday"}, "ISO 8601"),
+        ({**STOPPING, "kind": "fault", "restarting": "yes"}, "restarting must be true or false"),
     ],
 )
 def test_bad_stop_announcements_are_refused(server, body, message):
@@ -371,3 +372,20 @@ def test_bad_stop_announcements_are_refused(server, body, message):
     assert answer.status_code == 400
     assert message in answer.json()["message"]
     assert "x" * 300 not in answer.text and "y" * 600 not in answer.text
+
+
+def test_a_gpu_faults_announcement_says_whether_the_hub_restarts_the_server(server, state):
+    fault = {
+        **STOPPING,
+        "kind": "fault",
+        "message": "The GPU of your server failed at 14:05 UTC (XID 79); billing stopped then.",
+        "todo": "gputap is starting your server again on a healthy GPU; Lab reloads when it is "
+        "back. Your files are kept.",
+        "restarting": True,
+    }
+    assert server.post("gputap/stopping", json=fault).status_code == 204
+    assert server.get("gputap/stopping").json() == fault
+    # absent is false, and stays absent: the page reads it so
+    plain = {k: v for k, v in fault.items() if k != "restarting"}
+    assert server.post("gputap/stopping", json=plain).status_code == 204
+    assert server.get("gputap/stopping").json() == plain

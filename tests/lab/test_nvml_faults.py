@@ -82,8 +82,9 @@ def test_one_failing_call_leaves_that_value_unknown(lab_server, fake_nvml_dir, t
     assert lost["memory_used_bytes"] is None and lost["memory_total_bytes"] is None
     assert lost["error"] == "memory: GPU is lost"
     assert lost["name"] == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
-    # said once, not at every sample
-    assert server.log().count("GPU is lost") == 1, server.log()
+    # said once, not at every sample; and a lost GPU is a fault (test_gpu_health.py), found once
+    assert server.log().count("memory: GPU is lost") == 1, server.log()
+    assert server.log().count(f"GPU fault on {SLICE_1G}: lost") == 1, server.log()
 
 
 def test_gpu_lost_at_start_is_read_once_back(lab_server, fake_nvml_dir, tmp_path):  # noqa: F811

@@ -8,9 +8,10 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Int, List, TraitError, Type, Unicode, default, validate
 
 from .gpu import NvmlReader, visible_devices
+from .health import HealthMonitor, NvmlHealthCheck
 from .hub import HubClient
 from .routes import default_handlers
-from .sampler import Sampler
+from .sampler import Sampler, utcnow
 from .stopping import SCHEMA as STOPPING_SCHEMA
 
 
@@ -28,6 +29,20 @@ class GPUTapLab(ExtensionApp):
         (or None for all) and asked ``read()`` every sample, in a thread.
 
             c.GPUTapLab.gpu_reader_class = "gputap_lab.gpu.NvmlReader"
+        """,
+    )
+
+    gpu_health_class = Type(
+        default_value=NvmlHealthCheck,
+        klass=object,
+        allow_none=True,
+        config=True,
+        help="""The class that checks this server's GPUs for faults (a lost GPU, uncorrected
+        ECC errors, failed row remapping) after each sample, in the sampler's thread, and
+        whose findings are reported to the hub (docs/lab.md, "GPU faults"). Built with the
+        visible devices, as the reader. None: no health check.
+
+            c.GPUTapLab.gpu_health_class = "gputap_lab.health.NvmlHealthCheck"
         """,
     )
 
@@ -134,11 +149,17 @@ class GPUTapLab(ExtensionApp):
         return proposal.value
 
     def initialize_settings(self) -> None:
+        hub = HubClient.from_env(timeout_seconds=self.hub_timeout_seconds, log=self.log)
         devices = self.visible_devices
+        health = None
         if self.simulated or devices == []:
             reader = None
         else:
             reader = self.gpu_reader_class(devices)
+            if self.gpu_health_class is not None:
+                health = HealthMonitor(
+                    self.gpu_health_class(devices), hub, log=self.log, clock=utcnow
+                )
         self.sampler = Sampler(
             reader,
             simulated=self.simulated,
@@ -148,14 +169,14 @@ class GPUTapLab(ExtensionApp):
             steady_idle_seconds=60 * self.mig_steady_idle_minutes,
             settings=self.serverapp.web_app.settings,
             log=self.log,
+            health=health,
         )
         self.settings["gputap_sampler"] = self.sampler
+        self.settings["gputap_health"] = health
         # the hub's announcement that this server stops reaches open pages as an event
         self.serverapp.event_logger.register_event_schema(STOPPING_SCHEMA)
         self.settings["gputap_stopping"] = None
-        self.settings["gputap_hub"] = HubClient.from_env(
-            timeout_seconds=self.hub_timeout_seconds, log=self.log
-        )
+        self.settings["gputap_hub"] = hub
         self.log.info(
             "gputap: GPU %s",
             "simulated"

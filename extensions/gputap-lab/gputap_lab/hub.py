@@ -184,6 +184,12 @@ class HubClient:
     async def change_status(self) -> tuple[int, Any]:
         return await self.request("GET", server_path(self.user, self.server_name) + "/change")
 
+    async def gpu_fault(self, body: dict[str, str]) -> tuple[int, Any]:
+        """Report a fault of one of this server's own devices (``health.Finding``)."""
+        return await self.request(
+            "POST", server_path(self.user, self.server_name) + "/gpu-fault", body
+        )
+
     # -- this server's workers (docs/scale-out.md) ---------------------------------------
 
     def _workers(self, name: str | None = None) -> str:

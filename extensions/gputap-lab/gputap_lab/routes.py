@@ -116,6 +116,21 @@ class GPUHandler(GPUTapHandler):
         self.finish(json.dumps(self.sampler.to_json()))
 
 
+class GPUHealthHandler(GPUTapHandler):
+    """GET gputap/gpu-health: the last check of this server's own GPUs for faults
+    (health.py); the hub asks it when a node lost GPUs without naming whose."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        health = self.settings.get("gputap_health")
+        if health is not None:
+            self.finish(json.dumps(health.to_json()))
+            return
+        # nothing checked: a simulated card, a CPU-only server, or checks turned off
+        message = self.sampler.message or "GPU health checks are off on this server."
+        self.finish(json.dumps({"checked_at": None, "message": message, "devices": []}))
+
+
 class StoppingHandler(GPUTapHandler):
     """POST gputap/stopping: the hub says why this server is about to stop (with the server's
     own token): kept for the page's next GET, and emitted as an event an open page hears at
@@ -246,6 +261,7 @@ def ask_stop_worker(handler: GPUTapHandler, name: str) -> Asked:
 
 default_handlers = [
     (r"gputap/gpu", GPUHandler),
+    (r"gputap/gpu-health", GPUHealthHandler),
     (r"gputap/stopping", StoppingHandler),
     hub_route(r"gputap/stop", post=ask_stop),
     hub_route(r"gputap/server", get=as_is("server")),

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .gpu import DeviceSample, GPUReader, GPUUnavailable
+from .health import HealthMonitor
 
 ACTIVITY_KEY = "gputap_gpu_last_activity"
 
@@ -105,7 +106,8 @@ def history_point(at: datetime, devices: list[DeviceSample], busy: bool) -> dict
 class Sampler:
     """Reads ``reader`` every ``interval_seconds`` in its own thread and keeps the last
     ``history_seconds`` of points. ``reader`` is None when there is nothing to read: a
-    simulated card (``simulated``) or a CPU-only server."""
+    simulated card (``simulated``) or a CPU-only server. ``health``, when given, checks the
+    devices for faults after each read, in the same thread (health.py)."""
 
     def __init__(
         self,
@@ -118,8 +120,10 @@ class Sampler:
         settings: dict[str, Any],
         log: logging.Logger,
         steady_idle_seconds: float = 600.0,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.reader = reader
+        self.health = health
         self.simulated = simulated
         self.interval_seconds = interval_seconds
         self.history_seconds = history_seconds
@@ -150,9 +154,17 @@ class Sampler:
         return self.reader is not None and self.message is None
 
     async def sample_once(self) -> None:
-        """Take one sample; mark activity when the GPU is busy."""
+        """Take one sample; mark activity when the GPU is busy; check the GPU's health
+        (also when no numbers could be read: a lost GPU is one reason)."""
         if self.reader is None:
             return
+        try:
+            await self._read()
+        finally:
+            if self.health is not None:
+                await self.health.run(self._executor)
+
+    async def _read(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             devices = await loop.run_in_executor(self._executor, self.reader.read)
@@ -217,6 +229,8 @@ class Sampler:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        if self.health is not None:
+            await self.health.stop(self._executor)
         if self.reader is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self.reader.close)
         self._executor.shutdown(wait=False)

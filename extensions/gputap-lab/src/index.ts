@@ -91,7 +91,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     void app.restored.then(() => {
       tellRestartOutcome();
       model.start();
-      teller.start();
+      teller.start({ app, state, resolver });
     });
   }
 };

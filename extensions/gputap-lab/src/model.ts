@@ -101,6 +101,8 @@ export interface IChangeStatus {
   state: 'stopping' | 'starting' | 'waiting' | 'done' | 'failed' | 'reverted';
   from: string;
   to: string;
+  /** why the server restarts: "change", a disk's restart, or "fault" (a GPU fault's recovery) */
+  reason?: string;
   message: string;
   started_at: string;
   finished_at: string | null;
@@ -113,6 +115,8 @@ export interface IStopNotice {
   todo: string;
   at: string;
   notice: string;
+  /** kind "fault": whether the hub starts the server again by itself (absent: false) */
+  restarting?: boolean;
 }
 
 /** The environment the server runs (the spawn form's choice). */
@@ -198,6 +202,10 @@ export class GPUTapModel {
   stopping: IStopNotice | null = null;
   /** When this page learnt the server stopped (local clock): the cost stops there. */
   stoppedAt: number | null = null;
+  /** A GPU fault the hub announced (its stop notice), shown in the panel until the reload. */
+  fault: IStopNotice | null = null;
+  /** How the recovery from `fault` goes (the panel's line under it), or null. */
+  recovery: string | null = null;
 
   /** Billed seconds of the session when `server` was fetched, and when (local clock). */
   private _syncedSeconds = 0;
@@ -267,9 +275,13 @@ export class GPUTapModel {
   /**
    * The server stops (`stop`: why, when the hub said; null: it is gone unannounced): the
    * cost and the credit left stop counting here, polling ends. A change of GPU restarts
-   * the server and is followed by the panel instead.
+   * the server and is followed by the panel instead. A GPU fault stops the cost too
+   * (billing ended at the fault) and is kept in `fault` for the panel.
    */
   stopped(stop: IStopNotice | null): void {
+    if (stop?.kind === 'fault') {
+      this.fault = stop;
+    }
     if (stop?.kind === 'change' || this.restarting) {
       this.stopping = stop ?? this.stopping;
       this._changed.emit();
@@ -280,6 +292,12 @@ export class GPUTapModel {
       this.stoppedAt = Date.now();
       this.dispose();
     }
+    this._changed.emit();
+  }
+
+  /** Say how the recovery from a GPU fault goes. */
+  setRecovery(text: string | null): void {
+    this.recovery = text;
     this._changed.emit();
   }
 

@@ -27,6 +27,20 @@ export class GPUTapPanel extends ModelView {
     { class: 'jp-mod-styled jp-mod-warn gputap-stop', 'data-testid': 'gputap-stop-button' },
     'Stop server'
   );
+  /** A GPU fault the hub announced: what broke, what happens next, how it goes. */
+  private _faultMessage = h('p', { 'data-testid': 'gputap-fault-message' });
+  private _faultTodo = h('p', { 'data-testid': 'gputap-fault-todo' });
+  private _faultRecovery = h('p', {
+    class: 'gputap-muted',
+    'data-testid': 'gputap-fault-recovery'
+  });
+  private _fault = h(
+    'div',
+    { class: 'gputap-fault', 'data-testid': 'gputap-fault', role: 'alert' },
+    this._faultMessage,
+    this._faultTodo,
+    this._faultRecovery
+  );
   private _progress = h('div', {
     class: 'gputap-progress',
     'data-testid': 'gputap-progress',
@@ -48,9 +62,11 @@ export class GPUTapPanel extends ModelView {
     this._change = new ChangeSection(model, restart);
     this._disks = new DisksSection(model, restart);
     this._progress.hidden = true;
+    this._fault.hidden = true;
     this._stop.addEventListener('click', () => void this._askStop());
     fill(
       this.node,
+      this._fault,
       this._progress,
       this._gpu.node,
       this._cost.node,
@@ -69,6 +85,11 @@ export class GPUTapPanel extends ModelView {
     this._scale.update();
     this._change.update();
     this._disks.update();
+    const { fault, recovery } = this.model;
+    this._fault.hidden = fault === null;
+    this._faultMessage.textContent = fault?.message ?? '';
+    this._faultTodo.textContent = fault?.todo ?? '';
+    this._faultRecovery.textContent = recovery ?? '';
     const server = this.model.server;
     this._stop.disabled =
       this.model.restarting || this.model.stoppedAt !== null || !server?.running;

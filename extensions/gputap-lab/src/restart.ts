@@ -128,13 +128,16 @@ async function leaveFolder(
 
 /**
  * Follow a restart until this server answers again, running and on its new options,
- * then reload Lab. `progress` is told what is happening every poll.
+ * then reload Lab. `progress` is told what is happening every poll. `since` (ISO time):
+ * a status that finished before it is an earlier change's, not this restart's (a restart
+ * the hub began by itself, after a GPU fault, may not have its status yet).
  */
 export async function followRestart(
   initial: IChangeStatus | null,
   progress: (text: string) => void,
   intervalMs = 2000,
-  leaving?: string
+  leaving?: string,
+  since?: string
 ): Promise<void> {
   let status = initial;
   let seenDown = false;
@@ -142,7 +145,10 @@ export async function followRestart(
   for (;;) {
     await sleep(intervalMs);
     try {
-      status = await requestAPI<IChangeStatus>('change');
+      const fresh = await requestAPI<IChangeStatus>('change');
+      if (!since || !fresh.finished_at || Date.parse(fresh.finished_at) >= Date.parse(since)) {
+        status = fresh;
+      }
     } catch {
       // while the server is away the hub answers in its place: keep the last status
     }
@@ -207,6 +213,10 @@ export function tellRestartOutcome(): void {
   if (!status) {
     return;
   }
+  if (status.reason === 'fault') {
+    tellRecoveryOutcome(status);
+    return;
+  }
   const text = status.message || `${status.from} → ${status.to}: ${status.state}`;
   if (status.state === 'done') {
     Notification.success(text, { autoClose: 8000 });
@@ -215,6 +225,24 @@ export function tellRestartOutcome(): void {
   } else {
     Notification.info(text, { autoClose: 8000 });
   }
+}
+
+/**
+ * After a GPU fault's recovery: Lab reloads only once the server runs again, so unless the
+ * hub says the recovery failed, the server is back, on a healthy GPU.
+ */
+function tellRecoveryOutcome(status: IChangeStatus): void {
+  if (status.state === 'failed' || status.state === 'reverted') {
+    Notification.warning(status.message || 'The recovery from the GPU fault failed.', {
+      autoClose: false
+    });
+    return;
+  }
+  const on = status.to ? ` (${status.to})` : '';
+  Notification.success(
+    `Your server is back on a healthy GPU${on} after the GPU fault; kernels start afresh.`,
+    { autoClose: 8000 }
+  );
 }
 
 function describe(
