@@ -96,11 +96,8 @@ class MigInstance(NamedTuple):
 
 
 def mig_instances(handle: Any) -> list[MigInstance]:
-    """The MIG devices of a GPU with their GPU and compute instance ids (what an event names);
-    [] when MIG is off or the card cannot do it."""
-    modes = mig_modes(handle)
-    if modes is None or not modes[0]:
-        return []
+    """The MIG devices of a GPU whose MIG mode is on, with their GPU and compute instance ids
+    (what an event names)."""
     return [
         MigInstance(
             text(pynvml.nvmlDeviceGetUUID(mig)),
