@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,16 +41,19 @@ class Reports(list):
     def __init__(self):
         super().__init__()
         self.loop_thread = threading.current_thread()
+        self.arrived = asyncio.Event()
 
     def __call__(self, fault: Fault) -> None:
         assert threading.current_thread() is self.loop_thread
         self.append(fault)
+        self.arrived.set()
 
-    async def until(self, count: int, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self) < count and time.monotonic() < deadline:
-            await asyncio.sleep(POLL / 2)
-        assert len(self) >= count, f"{len(self)} reports, not {count}: {self}"
+    async def until(self, count: int) -> None:
+        """Until ``count`` reports have come (5 s at most)."""
+        async with asyncio.timeout(5):
+            while len(self) < count:
+                self.arrived.clear()
+                await self.arrived.wait()
 
 
 @pytest.fixture
