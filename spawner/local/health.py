@@ -228,20 +228,27 @@ class LocalHealthWatcher:
             pass
 
     def _finding(
-        self, key: tuple[Any, ...], kind: str, detail: str, gpu: str, devices: tuple[str, ...]
+        self,
+        key: tuple[Any, ...] | None,
+        kind: str,
+        detail: str,
+        gpu: str,
+        devices: tuple[str, ...],
+        source: str = "nvml",
     ) -> None:
-        """Report a fault once per ``key``."""
+        """Report a fault, once per ``key`` (None: the caller has decided it is new)."""
         with self._lock:
             if key in self._seen:
                 return
-            self._seen.add(key)
+            if key is not None:
+                self._seen.add(key)
         if not devices:
             log.info("GPU %s: %s, on devices kept out of gputap: not reported", gpu, detail)
             return
         fault = Fault(
             kind=kind,
             detail=detail,
-            source="nvml" if key[0] != "file" else "simulated",
+            source=source,
             node=self.node,
             devices=devices,
             detected_at=clock.utcnow(),
@@ -349,7 +356,7 @@ class LocalHealthWatcher:
                 self._ecc_high[gpu.uuid] = ecc
             if ecc > high:
                 detail = ecc_detail(ecc, first)
-                self._finding(("ecc", gpu.uuid, ecc), "ecc", detail, gpu.uuid, devices)
+                self._finding(None, "ecc", detail, gpu.uuid, devices)
         if remap_failed:
             self._finding(("remap", gpu.uuid), "remap", REMAP_FAILED, gpu.uuid, devices)
         elif remap_pending and self.drain is not None:
@@ -398,7 +405,7 @@ class LocalHealthWatcher:
                 self._seen.add(key)  # said once; a changed entry is read again
             return
         kind, detail, devices = finding
-        self._finding(key, kind, detail, gpu.uuid, devices)
+        self._finding(key, kind, detail, gpu.uuid, devices, source="simulated")
 
     def _file_finding(
         self, gpu: SimulatedGpu, fault: Any, where: str
