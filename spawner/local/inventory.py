@@ -135,11 +135,7 @@ def _card(catalog: Catalog, name: str, memory_mib: int, where: str) -> Card:
 
 def _mig_devices(handle, index: int, card: Card, where: str, kept_out: set[str]) -> list[Device]:
     devices = []
-    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-        except pynvml.NVMLError_NotFound:
-            continue  # an empty slot
+    for mig in nvml.mig_handles(handle):
         mig_uuid = nvml.text(pynvml.nvmlDeviceGetUUID(mig))
         if mig_uuid in kept_out:
             kept_out.discard(mig_uuid)
@@ -173,21 +169,42 @@ def nvml_busy(uuids: Iterable[str]) -> dict[str, list[int]]:
     return busy
 
 
-def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
-    """Simulated devices declared in a YAML file (see hub_config/simulated-inventory.yaml)."""
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """One card of a simulated inventory file: where it is in the file, its made-up UUID,
+    the devices it offers (itself, or its MIG devices in ``mig`` order) and the ``fault``
+    entry it declares (the health watcher's business, spawner/local/health.py), if any."""
+
+    index: int
+    uuid: str
+    devices: tuple[Device, ...]
+    fault: object = None
+
+
+def simulated_uuid(node: str, index: int, slot: int | None = None) -> str:
+    """The stable UUID of simulated GPU ``index`` on ``node``, or of its MIG device in
+    ``slot`` (the place in the card's ``mig`` list)."""
+    if slot is None:
+        return "GPU-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}"))
+    return "MIG-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}/{slot}"))
+
+
+def file_gpus(path: str | Path, catalog: Catalog) -> list[SimulatedGpu]:
+    """The cards declared in a YAML file (see hub_config/simulated-inventory.yaml)."""
     data = yaml.safe_load(Path(path).read_text()) or {}
     gpus = data.get("gpus")
     if not isinstance(gpus, list):
         raise ValueError(f"{path}: 'gpus' must be a list of {{card: SKU, mig: [profiles]}}")
     node = str(data.get("node") or "localhost")
-    devices: list[Device] = []
+    found: list[SimulatedGpu] = []
     for index, gpu in enumerate(gpus):
         card = catalog.card(str(gpu.get("card")))
-        gpu_uuid = "GPU-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}"))
+        gpu_uuid = simulated_uuid(node, index)
         profiles = gpu.get("mig") or []
         if not profiles:
             memory = int(card.memory_gb * 1024)
-            devices.append(Device(gpu_uuid, card.sku, None, index, memory, simulated=True))
+            device = Device(gpu_uuid, card.sku, None, index, memory, simulated=True)
+            found.append(SimulatedGpu(index, gpu_uuid, (device,), gpu.get("fault")))
             continue
         counts = Counter(profiles)
         used = 0
@@ -204,11 +221,26 @@ def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
             raise ValueError(
                 f"{path}: GPU {index}: MIG slices need {used} of {card.mig_slices} compute slices"
             )
-        for slot, name in enumerate(profiles):
-            mig_uuid = "MIG-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}/{slot}"))
-            memory = card.profile(name).memory_gb * 1024
-            devices.append(Device(mig_uuid, card.sku, name, index, memory, simulated=True))
-    return devices
+        devices = tuple(
+            Device(
+                simulated_uuid(node, index, slot),
+                card.sku,
+                name,
+                index,
+                card.profile(name).memory_gb * 1024,
+                simulated=True,
+            )
+            for slot, name in enumerate(profiles)
+        )
+        found.append(SimulatedGpu(index, gpu_uuid, devices, gpu.get("fault")))
+    return found
+
+
+def file_devices(path: str | Path, catalog: Catalog) -> list[Device]:
+    """Simulated devices declared in a YAML file (see hub_config/simulated-inventory.yaml).
+    A card's ``fault`` entry does not change what it offers: faults are the health
+    watcher's, and keep a device out only once reported."""
+    return [device for gpu in file_gpus(path, catalog) for device in gpu.devices]
 
 
 def load_local_devices(

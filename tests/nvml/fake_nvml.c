@@ -63,6 +63,25 @@
  * PRIVILEGED  1 (default) or 0: a process without privileges, whose process lists of MIG
  *                  devices and of GPUs in MIG mode answer NVML_ERROR_NO_PERMISSION.
  *
+ * EVENTS   what the driver reports, entries SEQ|UUID|TYPE|DATA[|GI|CI] separated by ';':
+ *                  SEQ a number unique in the list, UUID a GPU's as written in DEVICES, TYPE
+ *                  "xid" (nvmlEventTypeXidCriticalError, DATA the XID) or "dbe"
+ *                  (nvmlEventTypeDoubleBitEccError), GI and CI the GPU and compute instance
+ *                  (default 0xFFFFFFFF: the whole GPU). Each SEQ is delivered once by
+ *                  nvmlEventSetWait_v2 to every event set registered for that GPU and type,
+ *                  whenever it was registered. The wait re-reads the file every 20 ms outside
+ *                  the lock, so other calls go on while a thread waits.
+ * ECC      uncorrected ECC error counts, entries UUID|VOLATILE|AGGREGATE (a GPU's UUID);
+ *                  unlisted GPUs count 0, corrected errors always 0.
+ * REMAP    row remapping, entries UUID|CORRECTABLE|UNCORRECTABLE|PENDING|FAILURE (rows remapped
+ *                  for each kind of error, then 0 or 1); unlisted GPUs 0|0|0|0.
+ *                  Cards without ECC (names with RTX, GeForce or Matrox) answer NOT_SUPPORTED to
+ *                  ECC and remap calls, and do not offer the double-bit ECC event; remap calls
+ *                  also on cards before Ampere (T4, V100, P100). MIG device handles answer
+ *                  NOT_SUPPORTED to ECC and remap calls: ask the GPU.
+ *
+ * A GPU marked lost answers NVML_ERROR_GPU_IS_LOST to every call on a handle given out before.
+ *
  * Memory: every device shows the driver's own memory as used, even idle: a whole GPU
  * min(512, MEMORY_MIB / 256) MiB, a MIG device 12 MiB (GetMemoryInfo: used = USED_MIB + that;
  * GetMemoryInfo_v2: the same used, and that as reserved).
@@ -91,6 +110,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <time.h>
 
 typedef enum {
     NVML_SUCCESS = 0,
@@ -101,6 +121,7 @@ typedef enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -111,6 +132,16 @@ typedef enum {
 #define NVML_DEVICE_MIG_ENABLE 1
 #define NVML_GPU_UTILIZATION_SAMPLES 1
 #define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_EVENT_SINGLE_BIT_ECC 0x1ULL
+#define NVML_EVENT_DOUBLE_BIT_ECC 0x2ULL
+#define NVML_EVENT_PSTATE 0x4ULL
+#define NVML_EVENT_XID 0x8ULL
+#define NVML_EVENT_CLOCK 0x10ULL
+#define NVML_MEMORY_ERROR_TYPE_UNCORRECTED 1
+#define NVML_VOLATILE_ECC 0
+#define NVML_AGGREGATE_ECC 1
+#define NVML_MEMORY_LOCATION_DEVICE_MEMORY 2 /* also NVML_MEMORY_LOCATION_DRAM */
+#define NVML_MEMORY_LOCATION_COUNT 8
 
 typedef struct {
     unsigned long long total;
@@ -164,6 +195,7 @@ typedef struct {
 #define MAX_GPUS 16
 #define MAX_MIG_SLOTS 7
 #define MAX_FAILS 64
+#define MAX_EVENTS 256
 #define TEXT_SIZE 96 /* NVML_DEVICE_NAME_V2_BUFFER_SIZE and NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 #define SAMPLE_US 166667ULL
 #define KEPT_SAMPLES 120
@@ -193,6 +225,15 @@ struct fake_device {
     unsigned int level, on_ms, period_ms; /* USE: activity */
     unsigned long long used_mib;
     unsigned int processes;
+    unsigned long long ecc_volatile, ecc_aggregate;        /* ECC: uncorrected, whole GPUs */
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure; /* REMAP */
+};
+
+struct fake_event {
+    unsigned long long seq;
+    char uuid[TEXT_SIZE]; /* the GPU's, as written in DEVICES */
+    unsigned long long type, data;
+    unsigned int gpu_instance, compute_instance;
 };
 
 struct fail {
@@ -208,6 +249,8 @@ struct machine {
     struct fail fails[MAX_FAILS];
     unsigned int fail_count;
     int privileged;
+    struct fake_event events[MAX_EVENTS];
+    unsigned int event_count;
 };
 
 typedef struct opaque_device *nvmlDevice_t;
@@ -457,13 +500,129 @@ static int parse_fails(struct machine *t, const char *spec) {
     return ok;
 }
 
+/* A whole number in text (nothing else); 1 if it is one. */
+static int number(const char *text, unsigned long long *out) {
+    char *end;
+    if (!*text || *text == '-')
+        return 0;
+    *out = strtoull(text, &end, 10);
+    return !*end;
+}
+
+/* The GPU (not a MIG device) with this UUID as written in DEVICES, or NULL. */
+static struct fake_device *find_gpu(struct machine *t, const char *uuid) {
+    struct fake_device *d = find_configured(t, uuid);
+    return d && !d->parent ? d : NULL;
+}
+
+static int parse_events(struct machine *t, const char *spec) {
+    if (!spec)
+        return 1;
+    char *copy = strdup(spec), *save = NULL, *f[6];
+    int ok = 1;
+    for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
+        char *entry = trim(tok), shown[256];
+        unsigned long long seq, data, gi = NO_INSTANCE, ci = NO_INSTANCE;
+        if (!*entry)
+            continue;
+        snprintf(shown, sizeof shown, "%s", entry);
+        int n = fields(entry, f, 4, 6);
+        if (!n || n == 5 || t->event_count == MAX_EVENTS) {
+            ok = bad("EVENTS", shown, "want SEQ|UUID|TYPE|DATA[|GI|CI] (at most 256)");
+            continue;
+        }
+        struct fake_event *e = &t->events[t->event_count];
+        if (!number(f[0], &seq))
+            ok = bad("EVENTS", shown, "SEQ must be a whole number");
+        else if (!find_gpu(t, f[1]))
+            ok = bad("EVENTS", shown, "no GPU with this UUID in DEVICES");
+        else if (strcmp(f[2], "xid") && strcmp(f[2], "dbe"))
+            ok = bad("EVENTS", shown, "TYPE must be xid or dbe");
+        else if (!number(f[3], &data))
+            ok = bad("EVENTS", shown, "DATA must be a whole number (the XID)");
+        else if (n == 6 && (!number(f[4], &gi) || !number(f[5], &ci) || gi > NO_INSTANCE ||
+                            ci > NO_INSTANCE))
+            ok = bad("EVENTS", shown, "GI and CI must be whole numbers (4294967295: none)");
+        for (unsigned int i = 0; ok && i < t->event_count; i++)
+            if (t->events[i].seq == seq)
+                ok = bad("EVENTS", shown, "SEQ already used");
+        if (ok) {
+            e->seq = seq;
+            strcpy(e->uuid, f[1]);
+            e->type = !strcmp(f[2], "xid") ? NVML_EVENT_XID : NVML_EVENT_DOUBLE_BIT_ECC;
+            e->data = data;
+            e->gpu_instance = (unsigned int)gi;
+            e->compute_instance = (unsigned int)ci;
+            t->event_count++;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+static int parse_ecc(struct machine *t, const char *spec) {
+    if (!spec)
+        return 1;
+    char *copy = strdup(spec), *save = NULL, *f[3];
+    int ok = 1;
+    for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
+        char *entry = trim(tok), shown[256];
+        unsigned long long volatile_count, aggregate;
+        if (!*entry)
+            continue;
+        snprintf(shown, sizeof shown, "%s", entry);
+        struct fake_device *d = fields(entry, f, 3, 3) ? find_gpu(t, f[0]) : NULL;
+        if (!d)
+            ok = bad("ECC", shown, "want UUID|VOLATILE|AGGREGATE, UUID a GPU's in DEVICES");
+        else if (!number(f[1], &volatile_count) || !number(f[2], &aggregate))
+            ok = bad("ECC", shown, "counts must be whole numbers");
+        else {
+            d->ecc_volatile = volatile_count;
+            d->ecc_aggregate = aggregate;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
+static int parse_remap(struct machine *t, const char *spec) {
+    if (!spec)
+        return 1;
+    char *copy = strdup(spec), *save = NULL, *f[5];
+    int ok = 1;
+    for (char *tok = strtok_r(copy, ";", &save); ok && tok; tok = strtok_r(NULL, ";", &save)) {
+        char *entry = trim(tok), shown[256];
+        unsigned long long corr, unc, pending, failure;
+        if (!*entry)
+            continue;
+        snprintf(shown, sizeof shown, "%s", entry);
+        struct fake_device *d = fields(entry, f, 5, 5) ? find_gpu(t, f[0]) : NULL;
+        if (!d)
+            ok = bad("REMAP", shown,
+                     "want UUID|CORRECTABLE|UNCORRECTABLE|PENDING|FAILURE, UUID a GPU's");
+        else if (!number(f[1], &corr) || !number(f[2], &unc) || corr > 65535 || unc > 65535)
+            ok = bad("REMAP", shown, "rows must be whole numbers");
+        else if (!number(f[3], &pending) || !number(f[4], &failure) || pending > 1 || failure > 1)
+            ok = bad("REMAP", shown, "PENDING and FAILURE must be 0 or 1");
+        else {
+            d->remap_corr = (unsigned int)corr;
+            d->remap_unc = (unsigned int)unc;
+            d->remap_pending = (unsigned int)pending;
+            d->remap_failure = (unsigned int)failure;
+        }
+    }
+    free(copy);
+    return ok;
+}
+
 /* KEY=VALUE lines of FAKE_NVML_FILE, or the FAKE_NVML_KEY variables. */
 static int parse_machine(struct machine *t) {
     memset(t, 0, sizeof *t);
     t->privileged = 1;
     const char *path = getenv("FAKE_NVML_FILE");
-    const char *keys[] = {"DEVICES", "USE", "FAIL_CALLS", "PRIVILEGED"};
-    char *values[4] = {NULL, NULL, NULL, NULL}, *text = NULL;
+    const char *keys[] = {"DEVICES", "USE", "FAIL_CALLS", "PRIVILEGED", "EVENTS", "ECC", "REMAP"};
+    enum { KEYS = sizeof keys / sizeof keys[0] };
+    char *values[KEYS] = {NULL}, *text = NULL;
     if (path) {
         FILE *file = fopen(path, "r");
         if (!file) {
@@ -483,23 +642,27 @@ static int parse_machine(struct machine *t) {
         for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
             char *eq = strchr(line, '=');
             int known = 0;
-            for (int k = 0; eq && k < 4; k++)
+            for (int k = 0; eq && k < KEYS; k++)
                 if ((size_t)(eq - line) == strlen(keys[k]) && !strncmp(line, keys[k], eq - line))
                     values[k] = eq + 1, known = 1;
             if (!known && *trim(line)) {
                 fprintf(stderr, "fake NVML: FAKE_NVML_FILE line '%.40s': want KEY=VALUE, KEY one"
-                                " of DEVICES, USE, FAIL_CALLS, PRIVILEGED\n", line);
+                                " of DEVICES, USE, FAIL_CALLS, PRIVILEGED, EVENTS, ECC, REMAP\n",
+                        line);
                 free(text);
                 return 0;
             }
         }
     } else {
-        values[0] = getenv("FAKE_NVML_DEVICES");
-        values[1] = getenv("FAKE_NVML_USE");
-        values[2] = getenv("FAKE_NVML_FAIL_CALLS");
-        values[3] = getenv("FAKE_NVML_PRIVILEGED");
+        for (int k = 0; k < KEYS; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "FAKE_NVML_%s", keys[k]);
+            values[k] = getenv(name);
+        }
     }
-    int ok = parse_devices(t, values[0]) && parse_use(t, values[1]) && parse_fails(t, values[2]);
+    int ok = parse_devices(t, values[0]) && parse_use(t, values[1]) &&
+             parse_fails(t, values[2]) && parse_events(t, values[4]) && parse_ecc(t, values[5]) &&
+             parse_remap(t, values[6]);
     if (ok && values[3]) {
         char *p = trim(values[3]);
         if (strcmp(p, "0") && strcmp(p, "1"))
@@ -627,6 +790,8 @@ static nvmlReturn_t injected(const char *function, const struct fake_device *d) 
     struct fake_device *d = lookup(handle);                                                        \
     if (!d)                                                                                        \
         return NVML_ERROR_INVALID_ARGUMENT;                                                        \
+    if (d->lost)                                                                                   \
+        return NVML_ERROR_GPU_IS_LOST;                                                             \
     do {                                                                                           \
         nvmlReturn_t failure_ = injected(__func__ + 3, d); /* do_X implements nvmlX */            \
         if (failure_ != NVML_SUCCESS)                                                              \
@@ -689,6 +854,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
         return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED:
         return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT:
+        return "Timeout";
     case NVML_ERROR_GPU_IS_LOST:
         return "GPU is lost";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH:
@@ -1083,6 +1250,230 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     LOCKED(do_DeviceGetComputeRunningProcesses_v3(device, n, infos));
 }
 #endif
+
+/* -- health: events, ECC counts, row remapping (every driver build has them) --------------
+ *
+ * An event set records what it was registered for (GPU UUID as written, event types) and
+ * which EVENTS SEQs it has delivered. nvmlEventSetWait_v2 takes the lock only to look, so a
+ * thread waiting for events never holds up the other calls. */
+#define EVENT_SET_MAGIC 0x45564E54u
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+struct fake_event_set {
+    unsigned int magic;
+    unsigned int registered;
+    struct {
+        char uuid[TEXT_SIZE];
+        unsigned long long types;
+    } on[MAX_GPUS];
+    unsigned long long *delivered; /* SEQs */
+    unsigned int delivered_count;
+};
+
+typedef struct fake_event_set *nvmlEventSet_t;
+
+static int name_has(const struct fake_device *d, const char *const words[]) {
+    const char *name = d->parent ? d->parent->name : d->name;
+    for (size_t i = 0; words[i]; i++)
+        if (strstr(name, words[i]))
+            return 1;
+    return 0;
+}
+
+static int has_ecc(const struct fake_device *d) {
+    static const char *const without[] = {"RTX", "GeForce", "Matrox", NULL};
+    return !name_has(d, without);
+}
+
+/* Row remapping came with Ampere; the cards before it retire pages instead. */
+static int has_remap(const struct fake_device *d) {
+    static const char *const before_ampere[] = {" T4", "V100", "P100", NULL};
+    return has_ecc(d) && !name_has(d, before_ampere);
+}
+
+static unsigned long long supported_events(const struct fake_device *d) {
+    unsigned long long types = NVML_EVENT_PSTATE | NVML_EVENT_CLOCK | NVML_EVENT_XID;
+    return has_ecc(d) ? types | NVML_EVENT_SINGLE_BIT_ECC | NVML_EVENT_DOUBLE_BIT_ECC : types;
+}
+
+static nvmlReturn_t do_EventSetCreate(nvmlEventSet_t *set) {
+    if (!set)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fake_event_set *s = calloc(1, sizeof *s);
+    if (!s)
+        return NVML_ERROR_UNKNOWN;
+    s->magic = EVENT_SET_MAGIC;
+    *set = s;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) { LOCKED(do_EventSetCreate(set)); }
+
+static nvmlReturn_t do_EventSetFree(nvmlEventSet_t set) {
+    if (!set || set->magic != EVENT_SET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    set->magic = 0;
+    free(set->delivered);
+    free(set);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { LOCKED(do_EventSetFree(set)); }
+
+static nvmlReturn_t do_DeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                    unsigned long long *eventTypes) {
+    REQUIRE_DEVICE(d, device);
+    if (!eventTypes)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent) /* events are registered on the GPU; they name the instance */
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eventTypes = supported_events(d);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                              unsigned long long *eventTypes) {
+    LOCKED(do_DeviceGetSupportedEventTypes(device, eventTypes));
+}
+
+static nvmlReturn_t do_DeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                            nvmlEventSet_t set) {
+    REQUIRE_DEVICE(d, device);
+    if (!set || set->magic != EVENT_SET_MAGIC)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent || (eventTypes & ~supported_events(d)))
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int i = 0;
+    while (i < set->registered && strcmp(set->on[i].uuid, d->uuid))
+        i++;
+    if (i == set->registered) {
+        if (i == MAX_GPUS)
+            return NVML_ERROR_UNKNOWN;
+        strcpy(set->on[i].uuid, d->uuid);
+        set->registered++;
+    }
+    set->on[i].types |= eventTypes;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set) {
+    LOCKED(do_DeviceRegisterEvents(device, eventTypes, set));
+}
+
+/* The first EVENTS entry this set is registered for and has not had: into data, SUCCESS;
+ * NVML_ERROR_TIMEOUT when there is none now. */
+static nvmlReturn_t do_EventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data) {
+    if (!set || set->magic != EVENT_SET_MAGIC || !data)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int e = 0; e < m.event_count; e++) {
+        const struct fake_event *event = &m.events[e];
+        int wanted = 0, had = 0;
+        for (unsigned int i = 0; i < set->registered; i++)
+            wanted |= !strcmp(set->on[i].uuid, event->uuid) && (set->on[i].types & event->type);
+        for (unsigned int i = 0; wanted && i < set->delivered_count; i++)
+            had |= set->delivered[i] == event->seq;
+        struct fake_device *gpu = find_gpu(&m, event->uuid);
+        if (!wanted || had || !gpu)
+            continue;
+        unsigned long long *grown =
+            realloc(set->delivered, (set->delivered_count + 1) * sizeof *set->delivered);
+        if (!grown)
+            return NVML_ERROR_UNKNOWN;
+        set->delivered = grown;
+        set->delivered[set->delivered_count++] = event->seq;
+        data->device = handle_of(gpu);
+        data->eventType = event->type;
+        data->eventData = event->data;
+        data->gpuInstanceId = event->gpu_instance;
+        data->computeInstanceId = event->compute_instance;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_TIMEOUT;
+}
+/* Not LOCKED as a whole: looks every 20 ms under the lock, sleeps outside it. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms) {
+    unsigned long long deadline = now_us() + timeoutms * 1000ULL;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        if (init_count)
+            refresh();
+        nvmlReturn_t result = init_count ? do_EventSetWait_v2(set, data) : NVML_ERROR_UNINITIALIZED;
+        pthread_mutex_unlock(&lock);
+        unsigned long long now = now_us();
+        if (result != NVML_ERROR_TIMEOUT || now >= deadline)
+            return result;
+        unsigned long long pause = deadline - now < 20000 ? deadline - now : 20000;
+        struct timespec nap = {0, (long)(pause * 1000)};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/* Uncorrected errors of a GPU; none corrected. */
+static nvmlReturn_t ecc_count(const struct fake_device *d, int errorType, int counterType,
+                              unsigned long long *count) {
+    if (!count || errorType < 0 || errorType > NVML_MEMORY_ERROR_TYPE_UNCORRECTED ||
+        (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent || !has_ecc(d))
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+        *count = 0;
+    else
+        *count = counterType == NVML_VOLATILE_ECC ? d->ecc_volatile : d->ecc_aggregate;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t do_DeviceGetTotalEccErrors(nvmlDevice_t device, int errorType,
+                                               int counterType, unsigned long long *count) {
+    REQUIRE_DEVICE(d, device);
+    return ecc_count(d, errorType, counterType, count);
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                         unsigned long long *count) {
+    LOCKED(do_DeviceGetTotalEccErrors(device, errorType, counterType, count));
+}
+
+/* Every uncorrected error is in device memory (DRAM); the other locations count none. */
+static nvmlReturn_t do_DeviceGetMemoryErrorCounter(nvmlDevice_t device, int errorType,
+                                                   int counterType, int locationType,
+                                                   unsigned long long *count) {
+    REQUIRE_DEVICE(d, device);
+    if (locationType < 0 || locationType >= NVML_MEMORY_LOCATION_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t result = ecc_count(d, errorType, counterType, count);
+    if (result == NVML_SUCCESS && locationType != NVML_MEMORY_LOCATION_DEVICE_MEMORY)
+        *count = 0;
+    return result;
+}
+nvmlReturn_t nvmlDeviceGetMemoryErrorCounter(nvmlDevice_t device, int errorType, int counterType,
+                                             int locationType, unsigned long long *count) {
+    LOCKED(do_DeviceGetMemoryErrorCounter(device, errorType, counterType, locationType, count));
+}
+
+static nvmlReturn_t do_DeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                             unsigned int *uncRows, unsigned int *isPending,
+                                             unsigned int *failureOccurred) {
+    REQUIRE_DEVICE(d, device);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent || !has_remap(d))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = d->remap_corr;
+    *uncRows = d->remap_unc;
+    *isPending = d->remap_pending;
+    *failureOccurred = d->remap_failure;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                       unsigned int *uncRows, unsigned int *isPending,
+                                       unsigned int *failureOccurred) {
+    LOCKED(do_DeviceGetRemappedRows(device, corrRows, uncRows, isPending, failureOccurred));
+}
 
 /* -- GPM: per-instance activity counters (Hopper and later; not on the old driver) -------
  *
