@@ -24,7 +24,7 @@ from gputap_common.bodies import shown
 from gputap_common.names import server_label
 
 from ..core.health import BookError, Fault
-from ..lifecycle import faults
+from ..lifecycle import faults, recovery
 from ..lifecycle.change import HandlerHub
 from .base import API_PATH, GPUTapAPIHandler
 from .servers import _SERVER, ServerAPIHandler
@@ -182,7 +182,7 @@ class RecoverHandler(AdminHealthHandler):
         if user is None or server_name not in user.orm_spawners:
             raise web.HTTPError(404, f"No server {shown(label)}")
         task = asyncio.ensure_future(
-            faults.recover(HandlerHub(self), user, server_name, fault, desk)
+            recovery.recover(HandlerHub(self), user, server_name, fault, desk)
         )
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)

@@ -58,13 +58,14 @@ from ..core.placement import (
     place,
 )
 from ..core.record import ServerRecord
-from . import faults, placing, refusals, server_apps, stops
+from . import placing, refusals, server_apps, stops
 from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 from .disk_mounts import DiskMounts
 from .environment import EnvironmentChoice
 from .metering import Metering
 from .request_body import start_options
 from .scale_out import ScaleOutMixin
+from .stop_reasons import StopReasons
 
 PREVIEW_PATH = "gputap/preview"
 
@@ -86,7 +87,9 @@ def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) ->
         spawner.options_applied(options)
 
 
-class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, DiskMounts):
+class GPUSpawnerMixin(
+    StopReasons, ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, DiskMounts
+):
     """The lifecycle, the form and the billing glue shared by gputap's spawners."""
 
     billing_url = Unicode(
@@ -125,17 +128,6 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
         help="""Seconds a spawn may wait in the queue for a sold-out card or slice.
 
         c.GPULocalSpawner.queue_timeout = 7200
-        """,
-    )
-
-    fault_restart = Unicode(
-        "same",
-        config=True,
-        help="""After a GPU fault (faults.restart; docs/gpu-faults.md): "same" starts the
-        server again on the same request, "allowed" also offers users the choice of a
-        similar free GPU in advance (the spawn form's on_fault), "off" does not restart.
-
-        c.GPUSpawnerMixin.fault_restart = "allowed"
         """,
     )
 
@@ -207,9 +199,6 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
     _base_start_timeout: int | None = None
     #: the fields of the form that asked for this start (empty for the REST API)
     _typed: dict[str, str] = {}
-    #: why the next stop happens, when whoever asks for it said (gputap's stop endpoint)
-    _next_stop: stops.Pending | None = None
-    _billed_until: datetime | None = None
     #: when a poll last found the server running (a server that dies is billed until then)
     _seen_alive: datetime | None = None
 
@@ -393,36 +382,6 @@ class GPUSpawnerMixin(ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, D
             await self.stop_group("The server exited by itself.")
             await self._finish(record, alive, died=True)
         return status
-
-    def _tell_desk(self) -> None:
-        """The fault desk posts its recoveries to the hub's API, which spawners know."""
-        desk = faults.desk()
-        if desk is not None and desk.api_url is None and self.hub is not None:
-            desk.api_url = self.hub.api_url
-
-    # -- why a server stopped (spawner/lifecycle/stops.py) ---------------------------------
-
-    def stop_next_because(
-        self, reason: stops.Pending | None, billed_until: datetime | None = None
-    ) -> None:
-        """Record why the stop about to be asked happens (gputap's stop endpoint, a change);
-        ``billed_until``: the session ends there, not when the stop is asked (a GPU fault:
-        nothing is billed on a broken GPU)."""
-        self._next_stop = reason
-        self._billed_until = billed_until
-
-    def set_stop_reason(self, reason: stops.StopReason | None) -> None:
-        """Keep why the server stopped (None: forget it) and the notice the hub shows."""
-        self.stop_reason = reason
-        self.notice = reason.notice if reason else ""
-
-    async def _tell_why(self, reason: stops.StopReason) -> None:
-        """Keep the reason, and tell the running server before it goes (best effort)."""
-        self.set_stop_reason(reason)
-        self.log.info("%s: stopping (%s): %s", self.who, reason.kind, reason.message)
-        server = getattr(self, "server", None)
-        if server is not None and self.api_token:
-            await stops.announce(server.url, self.api_token, reason, self.log)
 
     async def _finish(
         self,

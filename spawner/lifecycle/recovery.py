@@ -1,0 +1,167 @@
+"""Recovering a server from a GPU fault (docs/gpu-faults.md, data flow 4–7 of
+docs/design-gpu-faults.md): billing closed at the detection second, the user told, the server
+stopped after the grace and started again on a healthy GPU, first in line.
+
+It runs in a hub request handler (spawner/api/gpus.py), as a change of GPU does, so its stop
+and start go through JupyterHub's own machinery (:class:`~.change.HandlerHub`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gputap_common import clock
+from gputap_common.names import server_label
+
+from ..core.health import Fault
+from . import change as changes
+from . import placing, stops
+from .billing_client import BillingRefused, BillingUnavailable
+from .faults import FaultDesk
+
+log = logging.getLogger("gputap.faults")
+
+
+async def recover(hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk) -> None:
+    """Recover ``user``'s server from ``fault`` (data flow 4–7 of docs/design-gpu-faults.md):
+    close billing at the detection second, tell, stop after the grace, start again."""
+    label = server_label(user.name, server_name)
+    spawner = hub.spawner(user, server_name)
+    record = getattr(spawner, "record", None)
+    if spawner is None or record is None or not spawner.active:
+        desk.book.note_outcome(fault.id, label, outcome="not running")
+        desk.save()
+        return
+    if label in desk.recovering:
+        return
+    desk.recovering.add(label)
+    try:
+        await _recover(hub, user, server_name, fault, desk, spawner, record)
+    finally:
+        desk.recovering.discard(label)
+        desk.save()
+
+
+async def _recover(
+    hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk, spawner, record
+) -> None:
+    label = server_label(user.name, server_name)
+    book = desk.book
+    detected = fault.detected_at
+    started = record.started_at
+    billed_until = max(detected, started) if started else detected
+    # billing first: the session ends at the detection second whatever comes next
+    try:
+        await spawner.metering.close(record.session_id, billed_until)
+    except (BillingUnavailable, BillingRefused) as e:  # retried by metering itself
+        log.warning("%s: closing its session at the fault: %s", label, e)
+    refusal = desk.restart_refusal(label, clock.utcnow())
+    then = stops.fault_next(refusal is None, refusal or "")
+    reason = stops.by_fault(fault.detail, then)(detected)
+    book.note_outcome(
+        fault.id,
+        label,
+        outcome="stopping",
+        session_id=record.session_id,
+        billed_until=billed_until.isoformat(),
+    )
+    options = {k: v for k, v in (spawner.user_options or {}).items() if k != "queue"}
+    change = changes.Change(
+        user=user.name,
+        server=server_name,
+        reason="fault",
+        from_key=record.offering,
+        to_key=record.offering,
+        state=changes.STOPPING,
+        message="",
+        started_at=clock.utcnow(),
+    )
+    changes.track(change)
+    change.set(changes.STOPPING, f"GPU fault ({fault.detail}): stopping the server")
+    # told now; stopped after the grace, so Lab saves open documents (billing already ended)
+    await spawner._tell_why(reason)
+    await asyncio.sleep(float(desk.settings["save_grace_seconds"]))
+    spawner.stop_next_because(lambda _at: reason, billed_until=billed_until)
+    try:
+        await hub.stop(user, server_name)
+    except Exception as e:
+        why = changes.reason_of(e)
+        change.set(changes.FAILED, f"The server could not be stopped ({why}).")
+        book.note_outcome(fault.id, label, outcome="failed", why=why)
+        return
+    if refusal is not None:
+        change.set(changes.FAILED, f"Not started again: {refusal}.")
+        book.note_outcome(fault.id, label, outcome="not restarted", why=refusal)
+        return
+    book.note_outcome(fault.id, label, outcome="waiting", restarted=True)
+    desk.save()
+    options = changes.with_environment_kept({**options, "queue": True}, spawner.user_options)
+    change.set(changes.STARTING, "starting the server again on a healthy GPU")
+    placing.front.add(label)
+    try:
+        similar = await _similar(desk, spawner, options, record)
+        if similar is None or not await _started_on(change, hub, user, similar):
+            await changes.start_following_queue(change, hub, user, options)
+    except Exception as e:
+        why = changes.reason_of(e)
+        change.set(
+            changes.FAILED,
+            f"The server did not start again ({why}). Start it from the hub's home page; "
+            "your files are kept.",
+        )
+        book.note_outcome(fault.id, label, outcome="failed", why=why)
+        spawner = hub.spawner(user, server_name)
+        if spawner is not None:
+            failed = stops.fault_next(False, f"starting it again failed ({why})")
+            spawner.set_stop_reason(stops.by_fault(fault.detail, failed)(detected))
+        return
+    finally:
+        placing.front.discard(label)
+    new_record = hub.spawner(user, server_name).record
+    change.to_key = new_record.offering if new_record else change.to_key
+    where = ", ".join(new_record.devices) if new_record and new_record.devices else "its node"
+    change.set(changes.DONE, f"Running again on a healthy GPU ({where}) after a GPU fault.")
+    book.note_outcome(
+        fault.id,
+        label,
+        outcome="running",
+        new_session_id=new_record.session_id if new_record else None,
+        devices=list(new_record.devices) if new_record else [],
+    )
+
+
+async def _similar(
+    desk: FaultDesk, spawner: Any, options: dict[str, Any], record: Any
+) -> dict[str, Any] | None:
+    """The options of the cheapest free GPU at least as large (memory, FP16 TFLOPS) as the
+    failed one, when the user allowed it in advance (``on_fault: similar``), the operator
+    allows it (``faults.restart: allowed``) and the same is not free now; else None."""
+    if desk.settings["restart"] != "allowed" or options.get("on_fault") != "similar":
+        return None
+    view, _ = await spawner.gpu_free_view()
+    if view.max_free(record.offering) >= record.count:
+        return None
+    offering = spawner.catalog.offering(record.offering)
+    if offering.kind == "cpu":
+        return None
+    kept = {k: v for k, v in options.items() if k in ("course", "environment", "image", "spot")}
+    return {
+        **kept,
+        "kind": "spec",
+        "min_memory_gb": offering.memory_gb,
+        "min_tflops": offering.fp16_tflops,
+        "count": record.count,
+        "on_fault": "similar",
+    }
+
+
+async def _started_on(change: changes.Change, hub: Any, user: Any, options: dict) -> bool:
+    """Start on ``options`` without waiting in line; False (logged) when that fails."""
+    try:
+        await hub.start(user, change.server, options)
+    except Exception as e:
+        log.info("%s: no similar GPU free (%s); waiting for the same", change.who, e)
+        return False
+    return True
