@@ -207,7 +207,7 @@ def test_a_fault_on_a_free_gpu_only_takes_it_out(machine):
     index = int(free["label"].split()[1].rstrip(":"))
     machine.inject(index, {"lost": True})
     machine.wait_for(lambda: machine.device(index)["state"] == "faulty", timeout=10)
-    [fault] = [f for f in machine.faults_seen() if free["id"] in f["devices"]]
+    fault = next(f for f in machine.faults_seen() if free["id"] in f["devices"])  # newest
     assert fault["kind"] == "lost" and fault["servers"] == []
     drained = machine.api(f"admin/gpus/{free['id']}/drain", "POST", {})
     assert drained.status_code == 409 and "return it instead" in drained.json()["message"]
