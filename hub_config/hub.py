@@ -514,7 +514,13 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
     if spawner["backend"] == "kubernetes":
         from spawner.kube.spawner import start_health_watch as start_kube
 
-        start = partial(start_kube, catalog=catalog)
+        spawner_config = c.KubeSpawner
+        api = {
+            "host": spawner_config.get("k8s_api_host"),
+            "ssl_ca_cert": spawner_config.get("k8s_api_ssl_ca_cert"),
+            "verify_ssl": spawner_config.get("k8s_api_verify_ssl"),
+        }
+        start = partial(start_kube, catalog=catalog, api=api)
     else:
         start = partial(
             start_local,

@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
-from kubespawner.clients import shared_client
+from kubespawner.clients import load_config, shared_client
 from tornado import web
 from traitlets import Unicode
 
@@ -76,9 +76,15 @@ async def cluster_watcher(catalog: Catalog) -> ClusterWatcher:
     return watcher
 
 
-async def start_health_watch(desk: faults.FaultDesk, catalog: Catalog) -> None:
+async def start_health_watch(
+    desk: faults.FaultDesk, catalog: Catalog, api: dict[str, Any] | None = None
+) -> None:
     """At hub start (spawner/lifecycle/faults.py): the cluster watcher, with the desk's
-    health watch, so a fault on a free node is seen before any spawn."""
+    health watch, so a fault on a free node is seen before any spawn. No spawner exists yet
+    to load the client's configuration, so it is loaded here as KubeSpawner does (``api``:
+    its k8s_api_host, k8s_api_ssl_ca_cert and k8s_api_verify_ssl, where configured)."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: load_config(**(api or {})))
     await cluster_watcher(catalog)
 
 

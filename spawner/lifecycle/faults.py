@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ class FaultDesk:
     def report(self, fault: Fault) -> None:
         """A watcher's finding, on the loop: recorded, isolated in this step, saved, and each
         server on it recovered. A device already faulty is not acted on twice."""
-        newly = self.book.fault(fault)
+        newly = self.book.fault(self._named(fault))
         if not newly:
             log.info("GPU fault %s on %s: already out of service", fault.detail, fault.node)
             return
@@ -208,6 +209,20 @@ class FaultDesk:
         self.save()
         for pool in self.pools:
             self._wake(pool)
+
+    def _named(self, fault: Fault) -> Fault:
+        """Kubernetes: a pod naming a device whose unit a node's allocatable drop already
+        held out (``units`` 0) takes over that unnamed hold, so an admin returns one entry,
+        the device, not two. What is held out does not change."""
+        if not (fault.resource and fault.devices and fault.units == 0):
+            return fault
+        prefix = f"{fault.node}/{fault.resource}@"
+        for device, entry in list(self.book.devices.items()):
+            held = self.book.find(entry.fault) if entry.fault else None
+            if device.startswith(prefix) and held is not None and held.units == 1:
+                del self.book.devices[device]
+                return replace(fault, units=1)
+        return fault
 
     def _wake(self, pool: Any) -> None:
         """Waiting spawns see what the pool now offers (the line's heads may no longer fit)."""

@@ -142,6 +142,11 @@ def test_a_faulty_gpu_moves_its_server_and_stays_out_until_returned(platform, cl
 
     back = api(platform, f"admin/gpus/{book_id}/return", "POST", {})
     assert back.status_code == 200, back.text
+    # one entry per broken device, whichever of the pod and the node told first
+    devices = api(platform, "admin/gpus").json()["devices"]
+    assert [d for d in devices if d["state"] != "healthy"] == []
+    nodes = {n["name"]: n for n in api(platform, "admin/gpus").json()["nodes"]}
+    assert nodes[node]["held_out"] == {}
     for user in ("ada", "bo", "cy"):
         platform.stop_server(user)
 
@@ -161,7 +166,11 @@ def test_a_fault_on_a_free_gpu_only_takes_it_out(platform, cluster):
     assert nodes["gpu-l40s-b"]["held_out"] == {"nvidia.com/gpu": 1}
     # the GPU was replaced and the device plugin restarted: an admin returns the unit
     cluster.gpu_heal("gpu-l40s-b", 1)
-    [held] = [d for d in api(platform, "admin/gpus").json()["devices"] if d["state"] == "faulty"]
+    [held] = [
+        d
+        for d in api(platform, "admin/gpus").json()["devices"]
+        if d["state"] == "faulty" and d["node"] == "gpu-l40s-b"
+    ]
     assert held["id"] == f"gpu-l40s-b/nvidia.com/gpu@{fault['id']}"
     back = api(platform, f"admin/gpus/{held['id']}/return", "POST", {})
     assert back.status_code == 200, back.text

@@ -190,3 +190,23 @@ def test_an_unreadable_book_is_kept_aside_and_the_pool_starts_healthy(tmp_path):
     desk = FaultDesk(path, SETTINGS, "token")
     assert desk.book.out() == {}
     assert [p.name for p in tmp_path.iterdir() if "unreadable" in p.name]
+
+
+def test_a_pod_naming_a_unit_its_node_already_lost_takes_over_that_hold(tmp_path):
+    """Kubernetes: the node's allocatable drop came first (one unnamed unit held out), then
+    the pod's allocatedResourcesStatus names the device: one entry for the admin to return."""
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    drop = Fault(
+        "unhealthy", "1 of 4 lost", "node", "n1", (), AT, resource="nvidia.com/gpu", units=1
+    )
+    desk.book.fault(drop)
+    assert list(desk.book.out()) == [f"n1/nvidia.com/gpu@{drop.id}"]
+    named = Fault(
+        "unhealthy", "Unhealthy", "pod", "n1", ("n1/GPU-3",), AT,
+        resource="nvidia.com/gpu", units=0, pods=("ns/jupyter-ada",),
+    )  # fmt: skip
+    booked = desk._named(named)
+    assert booked.units == 1
+    desk.book.fault(booked)
+    assert list(desk.book.out()) == ["n1/GPU-3"]
+    assert desk._units("n1/GPU-3", booked.id) == 1
