@@ -21,7 +21,7 @@ from tornado import web
 
 from gputap_common import clock
 from gputap_common.bodies import shown
-from gputap_common.names import server_label
+from gputap_common.names import is_worker_name, server_label
 
 from ..core.health import BookError, Fault
 from ..lifecycle import faults, recovery
@@ -174,13 +174,26 @@ class RecoverHandler(AdminHealthHandler):
         fault = desk.book.find(fault_id)
         if fault is None:
             raise web.HTTPError(404, f"No GPU fault {shown(fault_id)}: GET admin/gpu-faults")
-        label = self.json_body(("server",)).get("server")
+        body = self.json_body(("server", "worker"))
+        label, worker = body.get("server"), body.get("worker")
         if not isinstance(label, str) or not label:
             raise web.HTTPError(400, "Field 'server' is required: the server as user/name")
+        if worker is not None and not is_worker_name(worker):
+            raise web.HTTPError(400, "Field 'worker' must name a worker: w1, w2, ...")
         user_name, _, server_name = label.partition("/")
         user = self.find_user(user_name)
         if user is None or server_name not in user.orm_spawners:
             raise web.HTTPError(404, f"No server {shown(label)}")
+        if worker is not None:
+            # a worker is not restarted: torchrun's --max-restarts decides the run
+            stopped = await user.spawners[server_name].workers.stop(
+                f"Its GPU failed ({fault.detail}).", names=[worker], wait=False,
+                at=fault.detected_at,
+            )  # fmt: skip
+            desk.book.note_outcome(fault.id, f"{label}#{worker}", outcome="stopped")
+            desk.save()
+            self.write_json({"fault": fault.id, "worker": worker, "stopped": stopped}, 202)
+            return
         task = asyncio.ensure_future(
             recovery.recover(HandlerHub(self), user, server_name, fault, desk)
         )

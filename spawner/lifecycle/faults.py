@@ -205,7 +205,9 @@ class FaultDesk:
         )
         for label in self.affected(fault):
             self.book.note_outcome(fault.id, label, outcome="stopping")
-            self._spawn(self._ask_recovery(fault, label))
+            self._spawn(self._ask_recovery(fault, {"server": label}))
+        for label, worker in self.affected_workers(fault):
+            self._spawn(self._ask_recovery(fault, {"server": label, "worker": worker}))
         self.save()
         for pool in self.pools:
             self._wake(pool)
@@ -419,8 +421,10 @@ class FaultDesk:
 
     # -- recovery --------------------------------------------------------------------------
 
-    async def _ask_recovery(self, fault: Fault, label: str) -> None:
-        """Post the recovery to the hub's API (it runs in a request handler there)."""
+    async def _ask_recovery(self, fault: Fault, body: dict[str, str]) -> None:
+        """Post the recovery of ``body``'s server (or its worker) to the hub's API (it runs
+        in a request handler there)."""
+        label = body["server"] + (f"#{body['worker']}" if "worker" in body else "")
         if self.api_url is None:
             log.error(
                 "%s: GPU fault %s: the hub's API is not known; not recovered", label, fault.id
@@ -433,7 +437,7 @@ class FaultDesk:
             url,
             method="POST",
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=json.dumps({"server": label}),
+            body=json.dumps(body),
             request_timeout=30,
         )
         client = AsyncHTTPClient(force_instance=True)

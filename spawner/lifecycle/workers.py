@@ -447,9 +447,12 @@ class WorkerGroup:
 
     # -- stopping -----------------------------------------------------------------------------
 
-    def _stop_now(self, indexes: list[int], reason: str) -> list[Worker]:
-        """Ask the workers to stop (billing ends now); returns those that were active."""
-        asked = clock.utcnow()
+    def _stop_now(
+        self, indexes: list[int], reason: str, at: datetime | None = None
+    ) -> list[Worker]:
+        """Ask the workers to stop (billing ends now, or ``at``: a GPU fault's detection);
+        returns those that were active."""
+        asked = min(at, clock.utcnow()) if at else clock.utcnow()
         stopping = []
         for index in indexes:
             worker = self.workers.get(index)
@@ -468,11 +471,18 @@ class WorkerGroup:
             self._spawn(self.owner.worker_backend().stop(worker))
         return stopping
 
-    async def stop(self, reason: str, names: list[str] | None = None, wait: bool = True) -> int:
+    async def stop(
+        self,
+        reason: str,
+        names: list[str] | None = None,
+        wait: bool = True,
+        at: datetime | None = None,
+    ) -> int:
         """Stop the named workers (all by default); with ``wait``, until each has ended and
-        its session is settled. The number of workers asked to stop."""
+        its session is settled; billed until ``at`` when given (a GPU fault). The number of
+        workers asked to stop."""
         indexes = [w.index for w in self.workers.values() if names is None or w.name in names]
-        stopping = self._stop_now(indexes, reason)
+        stopping = self._stop_now(indexes, reason, at)
         if wait:
             tasks = [self._lives[w.index] for w in stopping if w.index in self._lives]
             if tasks:

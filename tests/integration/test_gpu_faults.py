@@ -230,7 +230,51 @@ def test_past_the_restart_limit_the_server_stays_stopped_and_says_why(tmp_path):
         stop = user_api(p, token, "users/erin/server").json()["stop"]
         assert stop["kind"] == "fault"
         assert "not started again" in stop["todo"]
+        # the next spawn form says so, and the hub's home page (its servers, read live)
+        form = p.login("erin").get(f"{p.url}/hub/spawn", timeout=30).text
+        assert "The GPU of your server failed at" in form
+        servers = user_api(p, token, "running").json()["servers"]
+        assert "The GPU of your server failed at" in servers[0]["notice"]
         time.sleep(2)
         assert p.server("erin") is None or not p.server("erin").get("ready")
+    finally:
+        p.shutdown()
+
+
+def test_with_nothing_free_the_moved_server_waits_first_in_line(tmp_path):
+    m = Machine(tmp_path)
+    p = m.platform
+    p.start()
+    try:
+        tokens = {}
+        for name in ("ann", "ben", "cat"):
+            p.create_user(name)
+            tokens[name] = p.user_token(name)
+            assert p.spawn(name, T4).status_code in (201, 202)
+            p.wait_ready(name)
+        # every T4 is taken: dan waits in line before the fault
+        p.create_user("dan")
+        assert p.spawn("dan", {**T4, "queue": True}).status_code == 202
+        index = int(m.held_by("ann")["label"].split()[1].rstrip(":"))
+        m.inject(index, {"xid": 79})
+
+        def waiting_first():
+            change = user_api(p, tokens["ann"], "users/ann/server").json().get("change") or {}
+            return change.get("state") == "waiting" and "1st in queue" in change["message"]
+
+        m.wait_for(waiting_first, timeout=30)
+        p.stop_server("ben")  # ann, ahead of dan, gets ben's T4
+        m.wait_for(
+            lambda: (
+                (user_api(p, tokens["ann"], "users/ann/server").json().get("change") or {}).get(
+                    "state"
+                )
+                == "done"
+            ),
+            timeout=60,
+        )
+        assert not (p.server("dan") or {}).get("ready")
+        p.stop_server("cat")
+        p.wait_ready("dan", timeout=60)
     finally:
         p.shutdown()
