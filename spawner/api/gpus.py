@@ -13,6 +13,7 @@ history, drain and return (admins), the desk's recoveries, and a server's own fa
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -35,6 +36,8 @@ FAULTS_PATH = f"{API_PATH}/admin/gpu-faults"
 #: what a server may report of its own devices
 REPORTED_KINDS = frozenset({"lost", "ecc", "remap", "xid"})
 MAX_LIMIT = 1000
+#: a GPU's or MIG device's UUID as NVML (and the device plugin) names it
+DEVICE_ID = re.compile(r"(GPU|MIG)-[A-Za-z0-9-]{1,80}")
 
 # recoveries running in the background (asyncio keeps only weak references)
 _tasks: set[asyncio.Task] = set()
@@ -219,9 +222,15 @@ class ServerFaultHandler(ServerAPIHandler):
             )
         if not isinstance(detail, str) or len(detail) > 300:
             raise web.HTTPError(400, "Field 'detail' must be text of at most 300 characters")
-        if not isinstance(device, str) or device not in record.devices:
+        # one machine: the hub knows the server's devices; Kubernetes: the device plugin
+        # chose them, so any GPU or MIG UUID of a server that holds GPUs
+        gpus = spawner.catalog.offering(record.offering).kind != "cpu"
+        own = device in record.devices if record.devices else gpus and (
+            isinstance(device, str) and DEVICE_ID.fullmatch(device) is not None
+        )  # fmt: skip
+        if not isinstance(device, str) or not own:
             raise web.HTTPError(
-                400, "Field 'device' must be the UUID of one of this server's own devices"
+                400, "Field 'device' must be the UUID of one of this server's own GPUs"
             )
         desk = faults.desk()
         if desk is None:

@@ -278,3 +278,28 @@ def test_with_nothing_free_the_moved_server_waits_first_in_line(tmp_path):
         p.wait_ready("dan", timeout=60)
     finally:
         p.shutdown()
+
+
+def test_a_server_reports_only_its_own_gpus(machine):
+    p = machine.platform
+    p.create_user("hal")
+    token = p.user_token("hal")
+    assert p.spawn("hal", T4).status_code in (201, 202)
+    p.wait_ready("hal")
+    own = machine.held_by("hal")["id"]
+    other = next(d["id"] for d in machine.devices() if d["id"] != own)
+    path = "users/hal/server/gpu-fault"
+    body = {"device": other, "kind": "lost", "detail": "x"}
+    refused = user_api(p, token, path, "POST", body)
+    assert refused.status_code == 400 and "own GPUs" in refused.json()["message"]
+    bad = user_api(p, token, path, "POST", {"device": own, "kind": "boom"})
+    assert bad.status_code == 400 and "kind" in bad.json()["message"]
+    # another user cannot report on hal's server: it does not exist for them
+    p.create_user("ivy")
+    assert user_api(p, p.user_token("ivy"), path, "POST", body).status_code == 404
+    # one machine: the hub reads NVML itself; a report alone takes nothing out
+    accepted = user_api(p, token, path, "POST", {"device": own, "kind": "lost"})
+    assert accepted.status_code == 202 and accepted.json() == {"accepted": False}
+    time.sleep(1.5)
+    assert machine.held_by("hal")["state"] == "healthy"
+    p.stop_server("hal")
