@@ -313,6 +313,10 @@ class FaultDesk:
                 )
         self._apply_state(device, None)  # first: it reads the entry's units
         self.book.give_back(device)
+        for watcher in self.watchers:
+            forget = getattr(watcher, "forget", None)
+            if forget is not None:
+                forget(device)
         log.warning("GPU %s returned to service by an admin", device)
         self.save()
         for pool in self.pools:

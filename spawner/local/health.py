@@ -212,6 +212,64 @@ class LocalHealthWatcher:
             return None
         return "file"
 
+    # -- an admin's return ----------------------------------------------------------------------
+
+    async def still_broken(self, device: str) -> str | None:
+        """Why ``device`` (a GPU's or MIG device's UUID) may not be returned yet: its GPU is
+        still lost or its row remapping still failed (NVML), or the simulated inventory still
+        declares its fault; None otherwise."""
+        loop = asyncio.get_running_loop()
+        if self.mode == "file" or not self._gpus:
+            return await loop.run_in_executor(None, self._declared, device)
+        return await loop.run_in_executor(None, self._still_failing, device)
+
+    def _gpu_of(self, device: str) -> WatchedGpu | None:
+        with self._lock:
+            gpus = list(self._gpus.values())
+        return next((g for g in gpus if device == g.uuid or device in whole_gpu(g)), None)
+
+    def _still_failing(self, device: str) -> str | None:
+        gpu = self._gpu_of(device)
+        if gpu is None:
+            return None
+        try:
+            with nvml.session():
+                counters = nvml.health_counters(pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
+        except pynvml.NVMLError_GpuIsLost:
+            return f"{gpu.uuid} is still lost: NVML cannot reach it; reset or reseat it first"
+        except (nvml.Unavailable, *nvml.DEVICE_ERRORS) as e:
+            return f"{gpu.uuid} cannot be checked ({e}); try again once NVML answers"
+        if counters[1]:
+            return f"{gpu.uuid}: row remapping still shows failed; reset the GPU first"
+        return None
+
+    def _declared(self, device: str) -> str | None:
+        try:
+            gpus = file_gpus(self.inventory_file, self.catalog)
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        for gpu in gpus:
+            if gpu.fault is not None and device in {gpu.uuid, *(d.uuid for d in gpu.devices)}:
+                return (
+                    f"{self.inventory_file} still declares a fault on GPU {gpu.index}; remove "
+                    "it there first"
+                )
+        return None
+
+    def forget(self, device: str) -> None:
+        """``device`` was returned to service: its GPU's findings may be reported again."""
+        gpu = self._gpu_of(device)
+        uuids = {device, *((gpu.uuid, *whole_gpu(gpu)) if gpu else ())}
+        with self._lock:
+            self._seen = {
+                key for key in self._seen
+                if not (set(map(str, key)) & uuids) and key[0] != "file"
+            }  # fmt: skip
+            for uuid in uuids:
+                self._ecc_first.pop(uuid, None)
+                self._ecc_high.pop(uuid, None)
+            self._file_seen = None  # read the file again: its entries count as new
+
     # -- what is found goes to the loop ---------------------------------------------------------
 
     def _post(self, call: Callable[..., Any], *args: Any) -> None:

@@ -175,9 +175,20 @@ def test_a_fault_on_a_running_servers_gpu_moves_it_and_ends_billing_at_that_seco
     bob = p.user_token("bob")
     denied = user_api(p, bob, f"admin/gpus/{first['id']}/return", "POST", {})
     assert denied.status_code == 403
+    # while the machine still shows the fault, the GPU cannot be returned
+    early = machine.api(f"admin/gpus/{first['id']}/return", "POST", {})
+    assert early.status_code == 409 and "still declares a fault" in early.json()["message"]
+    machine.faults.pop(index)
+    write_inventory(machine.inventory, machine.faults)
     back = machine.api(f"admin/gpus/{first['id']}/return", "POST", {"note": "reseated"})
     assert back.status_code == 200, back.text
     assert machine.device(index)["state"] == "healthy"
+    # returned, it may fail again the same way, and is taken out again
+    machine.inject(index, {"xid": 79})
+    machine.wait_for(lambda: machine.device(index)["state"] == "faulty", timeout=10)
+    machine.faults.pop(index)
+    write_inventory(machine.inventory, machine.faults)
+    assert machine.api(f"admin/gpus/{first['id']}/return", "POST", {}).status_code == 200
     p.stop_server("bob")
     p.stop_server("alice")
 
@@ -199,6 +210,7 @@ def test_an_application_xid_changes_nothing(machine):
     [session] = p.sessions("dora")
     assert session["state"] == "running"
     machine.faults.pop(index)
+    write_inventory(machine.inventory, machine.faults)
     p.stop_server("dora")
 
 
