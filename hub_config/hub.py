@@ -14,6 +14,7 @@ import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -529,7 +530,18 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
             node=os.uname().nodename,
             inventory_file=spawner["inventory_file"] or str(DEFAULT_INVENTORY_FILE),
         )
-    faults.setup(faults_settings, settings.data_dir, token, start)
+    faults.setup(faults_settings, settings.data_dir, token, start, _hub_api_url(c))
+
+
+def _hub_api_url(c: Any) -> str:
+    """Where the hub's own API answers from inside the hub (spawners tell it again)."""
+    base = (c.JupyterHub.get("base_url") or "/").rstrip("/")
+    bind = c.JupyterHub.get("hub_bind_url")
+    if bind:
+        parts = urlsplit(bind)
+        host = parts.hostname if parts.hostname not in (None, "", "0.0.0.0") else "127.0.0.1"
+        return f"{parts.scheme}://{host}:{parts.port or 8081}{base}/hub/api"
+    return f"http://127.0.0.1:{c.JupyterHub.get('hub_port') or 8081}{base}/hub/api"
 
 
 def _idle_culler(c: Any, idle: dict[str, Any], backend: str, api_url: str | None = None) -> None:

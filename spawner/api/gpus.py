@@ -177,8 +177,11 @@ class RecoverHandler(AdminHealthHandler):
         fault = desk.book.find(fault_id)
         if fault is None:
             raise web.HTTPError(404, f"No GPU fault {shown(fault_id)}: GET admin/gpu-faults")
-        body = self.json_body(("server", "worker"))
+        body = self.json_body(("server", "worker", "resume"))
         label, worker = body.get("server"), body.get("worker")
+        resume = body.get("resume", False)
+        if not isinstance(resume, bool):
+            raise web.HTTPError(400, "Field 'resume' must be true or false")
         if not isinstance(label, str) or not label:
             raise web.HTTPError(400, "Field 'server' is required: the server as user/name")
         if worker is not None and not is_worker_name(worker):
@@ -198,7 +201,7 @@ class RecoverHandler(AdminHealthHandler):
             self.write_json({"fault": fault.id, "worker": worker, "stopped": stopped}, 202)
             return
         task = asyncio.ensure_future(
-            recovery.recover(HandlerHub(self), user, server_name, fault, desk)
+            recovery.recover(HandlerHub(self), user, server_name, fault, desk, resume)
         )
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)

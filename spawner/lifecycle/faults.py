@@ -49,6 +49,7 @@ def setup(
     data_dir: Path,
     token: str,
     start: Callable[[FaultDesk], Awaitable[None]] | None = None,
+    api_url: str | None = None,
 ) -> FaultDesk | None:
     """Make this hub's desk (none when ``faults.enabled`` is false) and, inside the running
     hub (JupyterHub loads its config in its event loop), ``start`` its watchers at once, so
@@ -57,6 +58,7 @@ def setup(
         install(None)
         return None
     made = FaultDesk(data_dir / "gpu-health.json", settings, token)
+    made.api_url = api_url
     install(made)
     try:
         loop = asyncio.get_running_loop()
@@ -64,6 +66,7 @@ def setup(
         return made
     if start is not None:
         loop.call_soon(lambda: made._spawn(_started(start, made)))
+    loop.call_soon(lambda: made._spawn(made.resume_unfinished()))
     return made
 
 
@@ -425,7 +428,36 @@ class FaultDesk:
 
     # -- recovery --------------------------------------------------------------------------
 
-    async def _ask_recovery(self, fault: Fault, body: dict[str, str]) -> None:
+    def unfinished(self) -> list[tuple[Fault, str]]:
+        """Recoveries a hub restart cut short: (fault, server) stopping or waiting."""
+        found = []
+        for fault in self.book.faults:
+            for entry in self.book.outcomes.get(fault.id, []):
+                if entry.get("outcome") in ("stopping", "waiting") and "#" not in entry["server"]:
+                    found.append((fault, entry["server"]))
+        return found
+
+    async def resume_unfinished(self, wait_seconds: float = 120) -> None:
+        """At hub start: ask again for each recovery the last hub left unfinished, once the
+        hub's API answers (it starts listening after the config that made this desk)."""
+        pending = self.unfinished()
+        if not pending:
+            return
+        log.warning("GPU faults: %d recoveries unfinished at the last hub's end", len(pending))
+        deadline = asyncio.get_running_loop().time() + wait_seconds
+        while pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(1)
+            still = []
+            for fault, label in pending:
+                body = {"server": label, "resume": True}
+                if not await self._ask_recovery(fault, body, quiet=True):
+                    still.append((fault, label))
+            pending = still
+        for fault, label in pending:
+            log.error("%s: recovery from GPU fault %s not resumed: the hub's API did not "
+                      "answer", label, fault.id)  # fmt: skip
+
+    async def _ask_recovery(self, fault: Fault, body: dict[str, Any], quiet: bool = False) -> bool:
         """Post the recovery of ``body``'s server (or its worker) to the hub's API (it runs
         in a request handler there)."""
         label = body["server"] + (f"#{body['worker']}" if "worker" in body else "")
@@ -433,7 +465,7 @@ class FaultDesk:
             log.error(
                 "%s: GPU fault %s: the hub's API is not known; not recovered", label, fault.id
             )
-            return
+            return False
         # JupyterHub's API is {base}hub/api; gputap's handlers are under {base}hub/
         hub_url = self.api_url.rstrip("/").removesuffix("/api")
         url = f"{hub_url}/{RECOVER_PATH.format(id=fault.id)}"
@@ -448,11 +480,15 @@ class FaultDesk:
         try:
             await client.fetch(request)
         except Exception as e:
+            if quiet:  # the hub is still starting: asked again
+                return False
             log.error("%s: GPU fault %s: recovery not started: %s", label, fault.id, e)
             self.book.note_outcome(fault.id, label, outcome="failed", why=str(e))
             self.save()
+            return False
         finally:
             client.close()
+        return True
 
     def restarts_within(self, label: str, window: timedelta, now: datetime) -> int:
         """Restarts after faults of server ``label`` within ``window`` before ``now``."""

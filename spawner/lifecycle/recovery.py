@@ -24,24 +24,65 @@ from .faults import FaultDesk
 log = logging.getLogger("gputap.faults")
 
 
-async def recover(hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk) -> None:
+async def recover(
+    hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk, resume: bool = False
+) -> None:
     """Recover ``user``'s server from ``fault`` (data flow 4–7 of docs/design-gpu-faults.md):
-    close billing at the detection second, tell, stop after the grace, start again."""
+    close billing at the detection second, tell, stop after the grace, start again.
+
+    ``resume``: a recovery a hub restart cut short (the book says it was stopping or
+    waiting): a server still running is recovered from the start, a stopped one started."""
     label = server_label(user.name, server_name)
     spawner = hub.spawner(user, server_name)
+    if label in desk.recovering or spawner is None:
+        return
     record = getattr(spawner, "record", None)
-    if spawner is None or record is None or not spawner.active:
-        desk.book.note_outcome(fault.id, label, outcome="not running")
-        desk.save()
-        return
-    if label in desk.recovering:
-        return
     desk.recovering.add(label)
     try:
-        await _recover(hub, user, server_name, fault, desk, spawner, record)
+        if record is not None and spawner.active:
+            await _recover(hub, user, server_name, fault, desk, spawner, record)
+        elif resume and not spawner.active and not spawner.pending:
+            await _resume_start(hub, user, server_name, fault, desk, spawner)
+        else:
+            desk.book.note_outcome(fault.id, label, outcome="not running")
     finally:
         desk.recovering.discard(label)
         desk.save()
+
+
+async def _resume_start(
+    hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk, spawner: Any
+) -> None:
+    label = server_label(user.name, server_name)
+    facts = next((o for o in desk.book.outcomes.get(fault.id, []) if o["server"] == label), {})
+    if facts.get("outcome") == "stopping" and (
+        refusal := desk.restart_refusal(label, clock.utcnow())
+    ):
+        desk.book.note_outcome(fault.id, label, outcome="not restarted", why=refusal)
+        return
+    desk.book.note_outcome(fault.id, label, outcome="waiting", restarted=True)
+    change = _change(user.name, server_name, facts.get("offering", ""))
+    options = {k: v for k, v in (spawner.user_options or {}).items() if k != "queue"}
+    log.info("%s: resuming its recovery from GPU fault %s after a hub restart", label, fault.id)
+    await _start_again(
+        hub, user, server_name, fault, desk, change, options,
+        facts.get("offering", ""), int(facts.get("count") or 1),
+    )  # fmt: skip
+
+
+def _change(user_name: str, server_name: str, offering: str) -> changes.Change:
+    change = changes.Change(
+        user=user_name,
+        server=server_name,
+        reason="fault",
+        from_key=offering,
+        to_key=offering,
+        state=changes.STOPPING,
+        message="",
+        started_at=clock.utcnow(),
+    )
+    changes.track(change)
+    return change
 
 
 async def _recover(
@@ -66,19 +107,12 @@ async def _recover(
         outcome="stopping",
         session_id=record.session_id,
         billed_until=billed_until.isoformat(),
+        offering=record.offering,
+        count=record.count,
     )
+    desk.save()
     options = {k: v for k, v in (spawner.user_options or {}).items() if k != "queue"}
-    change = changes.Change(
-        user=user.name,
-        server=server_name,
-        reason="fault",
-        from_key=record.offering,
-        to_key=record.offering,
-        state=changes.STOPPING,
-        message="",
-        started_at=clock.utcnow(),
-    )
-    changes.track(change)
+    change = _change(user.name, server_name, record.offering)
     change.set(changes.STOPPING, f"GPU fault ({fault.detail}): stopping the server")
     # told now; stopped after the grace, so Lab saves open documents (billing already ended)
     await spawner._tell_why(reason)
@@ -97,11 +131,31 @@ async def _recover(
         return
     book.note_outcome(fault.id, label, outcome="waiting", restarted=True)
     desk.save()
+    await _start_again(
+        hub, user, server_name, fault, desk, change, options, record.offering, record.count
+    )
+
+
+async def _start_again(
+    hub: Any,
+    user: Any,
+    server_name: str,
+    fault: Fault,
+    desk: FaultDesk,
+    change: changes.Change,
+    options: dict[str, Any],
+    offering: str,
+    count: int,
+) -> None:
+    """Start the server again, first in line, on its options (or a similar free GPU)."""
+    label = server_label(user.name, server_name)
+    book, detected = desk.book, fault.detected_at
+    spawner = hub.spawner(user, server_name)
     options = changes.with_environment_kept({**options, "queue": True}, spawner.user_options)
     change.set(changes.STARTING, "starting the server again on a healthy GPU")
     placing.front.add(label)
     try:
-        similar = await _similar(desk, spawner, options, record)
+        similar = await _similar(desk, spawner, options, offering, count)
         if similar is None or not await _started_on(change, hub, user, similar):
             await changes.start_following_queue(change, hub, user, options)
     except Exception as e:
@@ -133,7 +187,7 @@ async def _recover(
 
 
 async def _similar(
-    desk: FaultDesk, spawner: Any, options: dict[str, Any], record: Any
+    desk: FaultDesk, spawner: Any, options: dict[str, Any], offering_key: str, count: int
 ) -> dict[str, Any] | None:
     """The options of the cheapest free GPU at least as large (memory, FP16 TFLOPS) as the
     failed one, when the user allowed it in advance (``on_fault: similar``), the operator
@@ -141,9 +195,9 @@ async def _similar(
     if desk.settings["restart"] != "allowed" or options.get("on_fault") != "similar":
         return None
     view, _ = await spawner.gpu_free_view()
-    if view.max_free(record.offering) >= record.count:
+    if view.max_free(offering_key) >= count:
         return None
-    offering = spawner.catalog.offering(record.offering)
+    offering = spawner.catalog.offering(offering_key)
     if offering.kind == "cpu":
         return None
     kept = {k: v for k, v in options.items() if k in ("course", "environment", "image", "spot")}
@@ -152,7 +206,7 @@ async def _similar(
         "kind": "spec",
         "min_memory_gb": offering.memory_gb,
         "min_tflops": offering.fp16_tflops,
-        "count": record.count,
+        "count": count,
         "on_fault": "similar",
     }
 

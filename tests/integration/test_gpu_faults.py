@@ -315,3 +315,46 @@ def test_a_server_reports_only_its_own_gpus(machine):
     time.sleep(1.5)
     assert machine.held_by("hal")["state"] == "healthy"
     p.stop_server("hal")
+
+
+def test_a_recovery_cut_short_by_a_hub_killed_is_finished_by_the_next_hub(tmp_path):
+    m = Machine(tmp_path, save_grace_seconds=4)
+    p = m.platform
+    p.start()
+    try:
+        p.create_user("jo")
+        token = p.user_token("jo")
+        assert p.spawn("jo", T4).status_code in (201, 202)
+        p.wait_ready("jo")
+        first = m.held_by("jo")
+        [session] = p.sessions("jo")
+        m.inject(int(first["label"].split()[1].rstrip(":")), {"xid": 79})
+
+        def stopping():
+            for fault in m.faults_seen():
+                if any(s["outcome"] == "stopping" for s in fault["servers"]):
+                    return fault
+            return None
+
+        fault = m.wait_for(stopping, timeout=15, step=0.1)
+        p.proc.kill()  # kill -9 during the grace: the server still runs on the broken GPU
+        p.proc.wait()
+        p.start()
+        view = m.wait_for(running_again(p, token, "jo"), timeout=90)
+        assert view["change"]["reason"] == "fault"
+        assert m.held_by("jo")["id"] != first["id"]
+        closed = next(s for s in p.sessions("jo") if s["id"] == session["id"])
+        assert abs(parse(closed["ended_at"]) - parse(fault["detected_at"])) <= 1
+        [fault] = [f for f in m.faults_seen() if f["id"] == fault["id"]]
+        assert fault["servers"][0]["outcome"] == "running"
+    finally:
+        p.shutdown()
+
+
+def running_again(platform, token: str, user: str):
+    def done():
+        view = user_api(platform, token, f"users/{user}/server").json()
+        change = view.get("change") or {}
+        return view if view["running"] and change.get("state") == "done" else None
+
+    return done
