@@ -384,9 +384,21 @@ class FaultDesk:
         for name in sorted(inventory.nodes):
             held = inventory.held_out.get(name, {})
             state = self.book.state(f"node:{name}")
+            node = inventory.nodes[name]
+            gpus = {
+                resource: {
+                    "offering": key,
+                    "capacity": node.capacity.get(resource, allocatable),
+                    "allocatable": allocatable,
+                    "held_out": held.get(resource, 0),
+                }
+                for key, (resource, allocatable) in node.resources.items()
+            }
             nodes.append(
                 {
                     "name": name,
+                    "id": f"node:{name}",
+                    "gpus": gpus,
                     "state": state,
                     "held_out": {resource: n for resource, n in held.items() if n},
                     "closed": name in inventory.closed,

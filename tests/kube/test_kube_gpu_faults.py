@@ -164,6 +164,12 @@ def test_a_fault_on_a_free_gpu_only_takes_it_out(platform, cluster):
     assert fault["servers"] == []
     nodes = {n["name"]: n for n in api(platform, "admin/gpus").json()["nodes"]}
     assert nodes["gpu-l40s-b"]["held_out"] == {"nvidia.com/gpu": 1}
+    assert nodes["gpu-l40s-b"]["gpus"]["nvidia.com/gpu"] == {
+        "offering": "L40S",
+        "capacity": 2,
+        "allocatable": 1,
+        "held_out": 1,
+    }
     # the GPU was replaced and the device plugin restarted: an admin returns the unit
     cluster.gpu_heal("gpu-l40s-b", 1)
     [held] = [
