@@ -506,7 +506,7 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
         {
             "name": faults.HEALTH_SERVICE,
             "description": "The hub's GPU fault desk: stop and start servers hit by a fault",
-            "scopes": ["admin:servers", "list:users", "read:users"],
+            "scopes": ["admin:servers"],
             "services": [faults.HEALTH_SERVICE],
         }
     )

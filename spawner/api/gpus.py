@@ -130,7 +130,7 @@ class FaultsHandler(AdminHealthHandler):
     async def get(self) -> None:
         desk = self.admin_desk()
         raw = self.get_argument("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        if not (raw.isascii() and raw.isdecimal()) or not 1 <= int(raw) <= MAX_LIMIT:
             raise web.HTTPError(400, f"limit must be a whole number from 1 to {MAX_LIMIT}")
         newest = list(reversed(desk.book.faults))[: int(raw)]
         self.write_json({"faults": [fault_view(f, desk.book) for f in newest]})
@@ -218,7 +218,9 @@ class ServerFaultHandler(ServerAPIHandler):
         detail = body.get("detail", "")
         record = getattr(spawner, "record", None)
         if record is None or not spawner.active:
-            raise web.HTTPError(409, "The server is not running: nothing to report")
+            raise web.HTTPError(
+                409, "The server is not running: report a fault of a running server's GPU"
+            )
         if not isinstance(kind, str) or kind not in REPORTED_KINDS:
             raise web.HTTPError(
                 400, f"Field 'kind' must be one of {', '.join(sorted(REPORTED_KINDS))}"
@@ -233,13 +235,18 @@ class ServerFaultHandler(ServerAPIHandler):
         )  # fmt: skip
         if not isinstance(device, str) or not own:
             raise web.HTTPError(
-                400, "Field 'device' must be the UUID of one of this server's own GPUs"
+                400,
+                "Field 'device' must be the UUID of one of this server's own GPUs (as "
+                "NVML in the server names them: GPU-… or MIG-…)",
             )
         desk = faults.desk()
         if desk is None:
             raise web.HTTPError(409, "GPU faults are not acted on here (faults.enabled: false)")
         label = server_label(user.name, server_name or "")
-        accepted = desk.server_report(label, spawner, device, kind, detail, clock.utcnow())
+        try:
+            accepted = desk.server_report(label, spawner, device, kind, detail, clock.utcnow())
+        except BookError as e:
+            raise web.HTTPError(409, str(e)) from None
         self.write_json({"accepted": accepted}, status=202)
 
 

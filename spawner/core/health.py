@@ -157,7 +157,6 @@ class HealthBook:
         """Record ``fault``; returns the ids newly out (a device already faulty stays with
         its first fault; a drained one becomes faulty)."""
         self.faults.append(fault)
-        del self.faults[: max(0, len(self.faults) - self.history)]
         self.outcomes.setdefault(fault.id, [])
         ids = list(fault.devices) or [self.id_of(fault)]
         newly = []
@@ -167,7 +166,23 @@ class HealthBook:
                 continue
             self.devices[device] = DeviceHealth(FAULTY, fault.detected_at, fault.id)
             newly.append(device)
+        self._trim()
         return newly
+
+    def _trim(self) -> None:
+        """Keep the newest ``history`` faults, and every fault a device is still out for
+        (its entry's units and the admin's return need it)."""
+        excess = len(self.faults) - self.history
+        if excess <= 0:
+            return
+        held = {entry.fault for entry in self.devices.values()}
+        kept = []
+        for fault in self.faults:
+            if excess > 0 and fault.id not in held:
+                excess -= 1
+                continue
+            kept.append(fault)
+        self.faults = kept
 
     @staticmethod
     def id_of(fault: Fault) -> str:

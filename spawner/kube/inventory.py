@@ -282,6 +282,12 @@ class ClusterInventory:
             self.nodes[name] = node_gpus(node, self.catalog)
             self._refresh(name)
 
+    def resource_of(self, node: str, key: str) -> str:
+        """The extended resource offering ``key`` is on ``node`` (``nvidia.com/gpu`` when
+        the node does not offer it)."""
+        gpus = self.nodes.get(node)
+        return gpus.resources[key][0] if gpus and key in gpus.resources else "nvidia.com/gpu"
+
     def reserve(self, holder: str, key: str, node: str, count: int) -> None:
         """Hold ``count`` units of ``key`` on ``node`` for a pod about to be created, so the
         next placement does not count them free before the watch shows the pod bound."""

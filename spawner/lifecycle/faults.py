@@ -108,7 +108,7 @@ class FaultDesk:
         self._tasks: set[asyncio.Task] = set()
         self._saving: asyncio.Task | None = None
         #: servers being recovered ("user/name"), so one fault is acted on once per server
-        self.recovering: set[str] = set()
+        self.recovering: dict[str, str] = {}
 
     # -- the book ---------------------------------------------------------------------------
 
@@ -170,13 +170,15 @@ class FaultDesk:
         self.cluster = watcher
         inventory = watcher.inventory
         for device, entry in self.book.devices.items():
-            node, resource = _kube_target(device)
+            node, resource = self._target(device)
             if resource is None:
                 inventory.close(node)
             else:
                 inventory.hold_out(node, resource, self._units(device, entry.fault))
 
-    def _isolate(self, fault: Fault, newly: list[str]) -> None:
+    def _isolate(self, fault: Fault, newly: list[str], held_already: bool = False) -> None:
+        """Out of the pool at once; ``held_already``: drained devices, whose units the
+        cluster inventory holds out already."""
         for pool in self.pools:
             pool.set_out([d for d in newly if d in pool.devices or d in pool.out], FAULTY)
             # a lost GPU may already be gone from the reading: keep it out by UUID anyway
@@ -185,18 +187,19 @@ class FaultDesk:
             inventory = self.cluster.inventory
             if fault.whole_node:
                 inventory.close(fault.node)
-            elif fault.resource:
+            elif fault.resource and not held_already:
                 # 0: a pod naming a unit the node's allocatable drop already held out
                 inventory.hold_out(fault.node, fault.resource, fault.units)
 
     def report(self, fault: Fault) -> None:
         """A watcher's finding, on the loop: recorded, isolated in this step, saved, and each
         server on it recovered. A device already faulty is not acted on twice."""
+        drained = {d for d in fault.devices if self.book.state(d) == DRAINED}
         newly = self.book.fault(self._named(fault))
         if not newly:
             log.info("GPU fault %s on %s: already out of service", fault.detail, fault.node)
             return
-        self._isolate(fault, newly)
+        self._isolate(fault, newly, held_already=bool(newly) and set(newly) <= drained)
         log.warning(
             "GPU fault %s: %s on %s (%s), seen by %s: out of service: %s",
             fault.id,
@@ -221,6 +224,8 @@ class FaultDesk:
         the device, not two. What is held out does not change."""
         if not (fault.resource and fault.devices and fault.units == 0):
             return fault
+        if any(device in self.book.devices for device in fault.devices):
+            return fault  # already held as that device: nothing to take over
         prefix = f"{fault.node}/{fault.resource}@"
         for device, entry in list(self.book.devices.items()):
             held = self.book.find(entry.fault) if entry.fault else None
@@ -288,8 +293,10 @@ class FaultDesk:
             self.save()
 
     def drain(self, device: str, note: str = "") -> DeviceHealth:
+        was = self.book.state(device)
         entry = self.book.drain(device, clock.utcnow(), note)
-        self._apply_state(device, DRAINED)
+        if was != DRAINED:  # drained again: a new note, nothing more held out
+            self._apply_state(device, DRAINED)
         log.warning("GPU %s drained by an admin%s", device, f": {note}" if note else "")
         self.save()
         return entry
@@ -335,7 +342,7 @@ class FaultDesk:
             else:
                 pool.set_out([device], state)
         if self.cluster is not None:
-            node, resource = _kube_target(device)
+            node, resource = self._target(device)
             inventory = self.cluster.inventory
             if resource is None:
                 (inventory.reopen if state is None else inventory.close)(node)
@@ -346,6 +353,16 @@ class FaultDesk:
                     inventory.give_back(node, resource, units)
                 elif entry is None or entry.state == DRAINED:
                     inventory.hold_out(node, resource, units)
+
+    def _target(self, device: str) -> tuple[str, str | None]:
+        """A Kubernetes book entry's node and resource (None: the whole node); the
+        resource is the fault's, where it named one."""
+        node, resource = _kube_target(device)
+        entry = self.book.devices.get(device)
+        fault = self.book.find(entry.fault) if entry and entry.fault else None
+        if resource is not None and fault is not None and fault.resource:
+            resource = fault.resource
+        return node, resource
 
     def _units(self, device: str, fault_id: str | None) -> int:
         """Units a Kubernetes book entry holds out: a device one, a node's lost units as its
@@ -360,7 +377,7 @@ class FaultDesk:
         if device in self.book.devices or any(device in p.devices for p in self.pools):
             return True
         if self.cluster is not None:
-            node, _ = _kube_target(device)
+            node, _ = self._target(device)
             return node in self.cluster.inventory.nodes
         return False
 
@@ -409,19 +426,30 @@ class FaultDesk:
     def server_report(
         self, label: str, spawner: Any, device: str, kind: str, detail: str, at: datetime
     ) -> bool:
-        """A server's own report of a failing device. One machine: the hub's watcher reads
-        NVML at once and acts on what it finds (a report alone moves nothing). Kubernetes:
-        trusted for the server's own devices (a user can only move their own server; the
-        unit held out is listed with source lab for an admin to return). True when acted on."""
-        for watcher in self.watchers:
-            check_now = getattr(watcher, "check_now", None)
-            if check_now is not None:
-                check_now()
+        """A server's own report of a failing device. One machine: nothing is acted on (the
+        hub reads NVML itself every ``poll_seconds``). Kubernetes: trusted for the server's
+        own devices, at most as many as it holds, and none while it is being moved (a user
+        can only move their own server; the unit held out is listed with source lab for an
+        admin to return). True when acted on; :class:`BookError` (409) when refused."""
         if self.cluster is None:
             return False
-        node = spawner.node_of_pod() if hasattr(spawner, "node_of_pod") else None
-        if not node:
+        if label in self.recovering:
+            raise BookError(f"{label} is already being moved off a failed GPU; wait for it")
+        node = spawner.node_of_pod()
+        record = spawner.record
+        if not node or record is None:
             return False
+        reported = [
+            f for f in self.book.faults
+            if f.source == "lab" and f.pods == (spawner.pod_key,)
+            and any(self.book.state(d) == FAULTY for d in f.devices)
+        ]  # fmt: skip
+        if len(reported) >= record.count:
+            raise BookError(
+                f"{label} already reported its {record.count} GPU(s) as failing; an admin "
+                "returns them once they are repaired"
+            )
+        resource = self.cluster.inventory.resource_of(node, record.offering)
         words = detail or {"lost": "GPU lost", "ecc": "uncorrected ECC errors"}.get(kind, kind)
         self.report(
             Fault(
@@ -431,7 +459,7 @@ class FaultDesk:
                 node=node,
                 devices=(f"{node}/{device}",),
                 detected_at=at,
-                resource="nvidia.com/gpu",
+                resource=resource,
                 units=1,
                 pods=(spawner.pod_key,),
             )
@@ -518,9 +546,12 @@ class FaultDesk:
         if self.settings["restart"] == "off":
             return "the operator turned restarts after GPU faults off"
         limit = int(self.settings["max_restarts"])
-        window = timedelta(seconds=int(self.settings["restart_window_seconds"]))
-        if self.restarts_within(label, window, now) >= limit:
-            return f"it was already restarted {limit} times after GPU faults today"
+        if limit == 0:
+            return "the operator turned restarts after GPU faults off (faults.max_restarts: 0)"
+        seconds = int(self.settings["restart_window_seconds"])
+        if self.restarts_within(label, timedelta(seconds=seconds), now) >= limit:
+            span = "day" if seconds == 86400 else f"{seconds // 3600 or 1} h"
+            return f"it was already restarted {limit} times after GPU faults in the last {span}"
         return None
 
     def stop(self) -> None:

@@ -307,7 +307,7 @@ class GPUSpawnerMixin(
         try:
             await self.metering.admit(record)
             self.set_stop_reason(None)  # admitted: why the last server stopped is old news
-            self._seen_alive = self._next_stop = None
+            self._seen_alive = self._next_stop = self._billed_until = None
             url = await self.launch(placement)
             launched = True
             await self.metering.open(record, await self.launched_at())

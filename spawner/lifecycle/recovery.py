@@ -18,7 +18,6 @@ from gputap_common.names import server_label
 from ..core.health import Fault
 from . import change as changes
 from . import placing, stops
-from .billing_client import BillingRefused, BillingUnavailable
 from .faults import FaultDesk
 
 log = logging.getLogger("gputap.faults")
@@ -34,27 +33,43 @@ async def recover(
     waiting): a server still running is recovered from the start, a stopped one started."""
     label = server_label(user.name, server_name)
     spawner = hub.spawner(user, server_name)
-    if label in desk.recovering or spawner is None:
+    if spawner is None:
+        return
+    if label in desk.recovering:
+        # already being moved off a failed GPU (another of its GPUs, or another report)
+        desk.book.note_outcome(fault.id, label, outcome="moved", by=desk.recovering[label])
+        desk.save()
         return
     record = getattr(spawner, "record", None)
-    desk.recovering.add(label)
+    facts = _facts(desk, fault, label)
+    if resume and record is not None and facts.get("session_id") not in (None, record.session_id):
+        # the last hub had started it again before it died: it runs on a healthy GPU
+        desk.book.note_outcome(fault.id, label, outcome="running")
+        desk.save()
+        return
+    desk.recovering[label] = fault.id
     try:
-        if record is not None and spawner.active:
+        if record is not None and spawner.active and not spawner.pending:
             await _recover(hub, user, server_name, fault, desk, spawner, record)
         elif resume and not spawner.active and not spawner.pending:
             await _resume_start(hub, user, server_name, fault, desk, spawner)
         else:
             desk.book.note_outcome(fault.id, label, outcome="not running")
     finally:
-        desk.recovering.discard(label)
+        desk.recovering.pop(label, None)
         desk.save()
+
+
+def _facts(desk: FaultDesk, fault: Fault, label: str) -> dict[str, Any]:
+    """What the book says of ``label``'s recovery from ``fault``."""
+    return next((o for o in desk.book.outcomes.get(fault.id, []) if o["server"] == label), {})
 
 
 async def _resume_start(
     hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk, spawner: Any
 ) -> None:
     label = server_label(user.name, server_name)
-    facts = next((o for o in desk.book.outcomes.get(fault.id, []) if o["server"] == label), {})
+    facts = _facts(desk, fault, label)
     if facts.get("outcome") == "stopping" and (
         refusal := desk.restart_refusal(label, clock.utcnow())
     ):
@@ -93,11 +108,9 @@ async def _recover(
     detected = fault.detected_at
     started = record.started_at
     billed_until = max(detected, started) if started else detected
-    # billing first: the session ends at the detection second whatever comes next
-    try:
-        await spawner.metering.close(record.session_id, billed_until)
-    except (BillingUnavailable, BillingRefused) as e:  # retried by metering itself
-        log.warning("%s: closing its session at the fault: %s", label, e)
+    # billing first: the session ends at the detection second whatever comes next (when
+    # billing is down, Metering retries in the background with the same end)
+    await spawner.metering.close(record.session_id, billed_until)
     refusal = desk.restart_refusal(label, clock.utcnow())
     then = stops.fault_next(refusal is None, refusal or "")
     reason = stops.by_fault(fault.detail, then)(detected)
@@ -117,10 +130,16 @@ async def _recover(
     # told now; stopped after the grace, so Lab saves open documents (billing already ended)
     await spawner._tell_why(reason)
     await asyncio.sleep(float(desk.settings["save_grace_seconds"]))
+    if not spawner.active or spawner.record is not record:
+        # stopped in the grace (by its user, the culler): its stop settled it; not restarted
+        change.set(changes.DONE, "The server was stopped during the fault's grace.")
+        book.note_outcome(fault.id, label, outcome="stopped")
+        return
     spawner.stop_next_because(lambda _at: reason, billed_until=billed_until)
     try:
         await hub.stop(user, server_name)
     except Exception as e:
+        spawner.stop_next_because(None)  # not this stop's: a later one bills to its own end
         why = changes.reason_of(e)
         change.set(changes.FAILED, f"The server could not be stopped ({why}).")
         book.note_outcome(fault.id, label, outcome="failed", why=why)

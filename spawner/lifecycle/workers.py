@@ -465,7 +465,8 @@ class WorkerGroup:
                 if life is not None:
                     life.cancel()
                 continue
-            worker.stop_asked = asked
+            # a fault's detection second, never before the worker's own start
+            worker.stop_asked = max(asked, worker.started_at)
             worker.set(STOPPING, reason)
             self.owner.log.info("%s#%s: stopping: %s", self.owner.who, worker.name, reason)
             self._spawn(self.owner.worker_backend().stop(worker))

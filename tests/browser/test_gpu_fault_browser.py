@@ -53,3 +53,31 @@ def test_a_gpu_fault_is_told_in_lab_and_lab_comes_back_on_a_healthy_gpu(machine,
     expect(page.get_by_test_id("gputap-fault")).to_be_hidden()
     page.close()
     p.stop_server("grace")
+
+
+def test_the_admin_page_lists_gpus_and_drains_and_returns_one(machine, browser):
+    p = machine.platform
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(60_000)
+    log_in(page, p.url, "root")
+    page.goto(f"{p.url}/hub/admin")
+    section = page.locator("#gputap-gpus")
+    rows = section.locator(".gputap-gpus-devices tr")
+    expect(rows).to_have_count(len(machine.devices()))
+    # the GPU the fault above took out is listed so, with its fault
+    faulty = section.locator(".gputap-gpus-devices tr", has_text="faulty")
+    expect(faulty).to_have_count(1)
+    expect(faulty).to_contain_text("XID 79")
+    expect(section.locator(".gputap-gpus-faults tr")).to_have_count(1)
+    healthy = next(d for d in machine.devices() if d["state"] == "healthy" and not d["held_by"])
+    row = section.locator(f".gputap-gpus-devices tr[data-id='{healthy['id']}']")
+    page.once("dialog", lambda dialog: dialog.accept("fan noise"))
+    row.get_by_role("button", name="Drain").click()
+    expect(section.locator(".gputap-gpus-result")).to_contain_text("Drained")
+    expect(row).to_contain_text("drained")
+    expect(row).to_contain_text("fan noise")
+    assert machine.device_by_id(healthy["id"])["state"] == "drained"
+    row.get_by_role("button", name="Return").click()
+    expect(row).to_contain_text("healthy")
+    assert machine.device_by_id(healthy["id"])["state"] == "healthy"
+    page.close()

@@ -69,6 +69,9 @@ class Machine:
     def device(self, index: int) -> dict:
         return next(d for d in self.devices() if d["label"].startswith(f"GPU {index}:"))
 
+    def device_by_id(self, device_id: str) -> dict:
+        return next(d for d in self.devices() if d["id"] == device_id)
+
     def held_by(self, holder: str) -> dict:
         return next(d for d in self.devices() if d["held_by"] == holder)
 

@@ -84,11 +84,13 @@ def test_the_book_keeps_its_history_capped_and_reads_back_what_it_wrote():
     book = HealthBook(history=3)
     for i in range(5):
         book.fault(fault(f"GPU-{i}", at=AT + timedelta(seconds=i)))
+        if i < 2:
+            book.give_back(f"GPU-{i}")
     book.note_outcome(book.faults[-1].id, "alice/gpu", outcome="running")
     assert [f.devices[0] for f in book.faults] == ["GPU-2", "GPU-3", "GPU-4"]
     again = HealthBook.from_json(json.loads(json.dumps(book.to_json())), history=3)
     assert again.faults == book.faults
-    assert again.out() == book.out() and len(again.out()) == 5
+    assert again.out() == book.out() and len(again.out()) == 3
     assert again.outcomes[book.faults[-1].id] == [{"server": "alice/gpu", "outcome": "running"}]
     # outcomes of faults dropped from the history go with them
     assert set(book.to_json()["outcomes"]) <= {f.id for f in book.faults}
@@ -210,3 +212,94 @@ def test_a_pod_naming_a_unit_its_node_already_lost_takes_over_that_hold(tmp_path
     desk.book.fault(booked)
     assert list(desk.book.out()) == ["n1/GPU-3"]
     assert desk._units("n1/GPU-3", booked.id) == 1
+
+
+def held(inventory, node: str, resource: str) -> int:
+    return inventory.held_out.get(node, {}).get(resource, 0)
+
+
+def kube_desk(tmp_path):
+    """A desk on a cluster inventory of one L40S node (4 GPUs) and one H100 node of slices."""
+    from types import SimpleNamespace
+
+    from tests.unit.test_kube_inventory import cluster
+
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    inventory = cluster()
+    desk.add_cluster(SimpleNamespace(inventory=inventory, pods=[]))
+    return desk, inventory
+
+
+def test_draining_twice_or_a_fault_on_a_drained_gpu_holds_one_unit(tmp_path):
+    desk, inventory = kube_desk(tmp_path)
+    desk.drain("gpu-l40s/GPU-1", "noisy fan")
+    desk.drain("gpu-l40s/GPU-1", "still noisy")
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 1
+    named = Fault(
+        "unhealthy", "Unhealthy", "pod", "gpu-l40s", ("gpu-l40s/GPU-1",), AT,
+        resource="nvidia.com/gpu", units=1, pods=("ns/jupyter-ada",),
+    )  # fmt: skip
+    desk.report(named)
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 1
+    desk.give_back("gpu-l40s/GPU-1")
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 0
+
+
+def test_a_slices_fault_holds_out_a_slice_and_its_return_gives_it_back(tmp_path):
+    desk, inventory = kube_desk(tmp_path)
+    assert inventory.resource_of("gpu-h100", "H100-80GB/1g.10gb") == "nvidia.com/mig-1g.10gb"
+    reported = Fault(
+        "reported", "GPU lost", "lab", "gpu-h100", ("gpu-h100/MIG-7",), AT,
+        resource="nvidia.com/mig-1g.10gb", units=1, pods=("ns/jupyter-bo",),
+    )  # fmt: skip
+    desk.report(reported)
+    assert held(inventory, "gpu-h100", "nvidia.com/mig-1g.10gb") == 1
+    assert held(inventory, "gpu-h100", "nvidia.com/gpu") == 0
+    desk.give_back("gpu-h100/MIG-7")
+    assert held(inventory, "gpu-h100", "nvidia.com/mig-1g.10gb") == 0
+
+
+def test_a_pod_naming_a_gpu_already_held_takes_over_nothing(tmp_path):
+    desk, inventory = kube_desk(tmp_path)
+    drop = Fault("unhealthy", "1 of 4 lost", "node", "gpu-l40s", (), AT,
+                 resource="nvidia.com/gpu", units=1)  # fmt: skip
+    lab = Fault("reported", "GPU lost", "lab", "gpu-l40s", ("gpu-l40s/GPU-2",), AT,
+                resource="nvidia.com/gpu", units=1, pods=("ns/jupyter-cy",))  # fmt: skip
+    pod = Fault("unhealthy", "Unhealthy", "pod", "gpu-l40s", ("gpu-l40s/GPU-2",), AT,
+                resource="nvidia.com/gpu", units=0, pods=("ns/jupyter-cy",))  # fmt: skip
+    for fault_ in (drop, lab, pod):
+        desk.report(fault_)
+    # two units held, two entries to return: each return gives back its own
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 2
+    for device in list(desk.book.out()):
+        desk.give_back(device)
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 0
+
+
+def test_the_history_keeps_faults_a_device_is_still_out_for(tmp_path):
+    book = HealthBook(history=2)
+    old = fault("GPU-0")
+    book.fault(old)
+    for i in range(1, 5):
+        f = fault(f"GPU-{i}", at=AT + timedelta(seconds=i))
+        book.fault(f)
+        book.give_back(f"GPU-{i}")
+    assert book.faults == [old, f]
+
+
+def test_a_server_reports_at_most_its_own_gpus_and_none_while_it_moves(tmp_path):
+    from types import SimpleNamespace
+
+    desk, inventory = kube_desk(tmp_path)
+    server = SimpleNamespace(
+        node_of_pod=lambda: "gpu-l40s",
+        record=SimpleNamespace(count=1, offering="L40S"),
+        pod_key="ns/jupyter-ada",
+    )
+    assert desk.server_report("ada", server, "GPU-1", "lost", "", AT)
+    with pytest.raises(BookError, match="already reported its 1 GPU"):
+        desk.server_report("ada", server, "GPU-2", "lost", "", AT)
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 1
+    desk.recovering["ada"] = "f1"
+    with pytest.raises(BookError, match="already being moved"):
+        desk.server_report("ada", server, "GPU-3", "lost", "", AT)
