@@ -534,14 +534,20 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
 
 
 def _hub_api_url(c: Any) -> str:
-    """Where the hub's own API answers from inside the hub (spawners tell it again)."""
+    """Where the hub's own API answers from inside the hub: the address it binds (loopback
+    when it binds every address). Spawners tell the desk the hub's api_url as they run."""
     base = (c.JupyterHub.get("base_url") or "/").rstrip("/")
     bind = c.JupyterHub.get("hub_bind_url")
     if bind:
         parts = urlsplit(bind)
-        host = parts.hostname if parts.hostname not in (None, "", "0.0.0.0") else "127.0.0.1"
-        return f"{parts.scheme}://{host}:{parts.port or 8081}{base}/hub/api"
-    return f"http://127.0.0.1:{c.JupyterHub.get('hub_port') or 8081}{base}/hub/api"
+        scheme, host, port = parts.scheme, parts.hostname, parts.port or 8081
+    else:
+        scheme, host, port = "http", c.JupyterHub.get("hub_ip"), c.JupyterHub.get("hub_port")
+    if host in (None, "", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port or 8081}{base}/hub/api"
 
 
 def _idle_culler(c: Any, idle: dict[str, Any], backend: str, api_url: str | None = None) -> None:

@@ -35,7 +35,7 @@ class StopReasons(LoggingConfigurable):
     def _tell_desk(self) -> None:
         """The fault desk posts its recoveries to the hub's API, which spawners know."""
         desk = faults.desk()
-        if desk is not None and desk.api_url is None and self.hub is not None:
+        if desk is not None and self.hub is not None and self.hub.api_url:
             desk.api_url = self.hub.api_url
 
     def stop_next_because(

@@ -303,3 +303,25 @@ def test_a_server_reports_at_most_its_own_gpus_and_none_while_it_moves(tmp_path)
     desk.recovering["ada"] = "f1"
     with pytest.raises(BookError, match="already being moved"):
         desk.server_report("ada", server, "GPU-3", "lost", "", AT)
+
+
+@pytest.mark.parametrize("backend", ["local", "kubernetes"])
+def test_the_desk_posts_recoveries_to_where_the_hub_listens(tmp_path, backend):
+    from traitlets.config import Config
+
+    from gputap_common.settings import load_settings
+    from hub_config.hub import apply
+    from spawner.lifecycle import faults
+
+    c = Config()
+    environ = {
+        "GPUTAP__DATA_DIR": str(tmp_path),
+        "GPUTAP__SPAWNER__BACKEND": backend,
+        "GPUTAP__SPAWNER__KUBERNETES__HUB_IP": "10.42.0.1",
+    }
+    apply(c, load_settings(environ=environ))
+    host = "10.42.0.1" if backend == "kubernetes" else "127.0.0.1"
+    assert faults.desk().api_url == f"http://{host}:{c.JupyterHub.hub_port}/hub/api"
+    [role] = [r for r in c.JupyterHub.load_roles if r["name"] == faults.HEALTH_SERVICE]
+    assert role["scopes"] == ["admin:servers"]
+    faults.install(None)
