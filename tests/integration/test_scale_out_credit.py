@@ -76,8 +76,15 @@ def test_running_out_with_a_group_stops_the_workers_first_within_the_overrun(pla
     [server] = [s for s in platform.sessions("grace") if not s.get("worker")]
     assert [w["worker"] for w in workers] == ["w1", "w2"]
     assert {w["sku"] for w in workers} == {"A100-80GB/1g.10gb"}
-    assert server["state"] == "running" and platform.server("grace") is not None
     account = platform.account("grace")
+    if server["state"] == "ended":
+        # on a loaded machine the workers' stops can reach the hub late and use up what
+        # would have kept the server: then, and only then, the server stops for credit too,
+        # after its workers (a server stopped with a second of its own left is a bug)
+        assert account["balance_micro"] < SERVER_PER_SECOND, (server, account)
+        assert parse(server["ended_at"]) >= max(parse(w["ended_at"]) for w in workers)
+    else:
+        assert platform.server("grace") is not None
     # nobody ran on credit that was not there, beyond the overrun of the group
     group_rate = PER_SECOND * 2 + SERVER_PER_SECOND
     assert min(lowest, account["balance_micro"]) >= -OVERRUN_SECONDS * group_rate
@@ -92,4 +99,5 @@ def test_running_out_with_a_group_stops_the_workers_first_within_the_overrun(pla
     for name in ("w1", "w2"):
         [line] = [x for x in log.splitlines() if f"grace#{name}: stopping:" in x]
         assert "your credit ran out" in line, line
-    platform.stop_server("grace")
+    if server["state"] != "ended":
+        platform.stop_server("grace")
