@@ -127,9 +127,13 @@ async def _recover(
     options = {k: v for k, v in (spawner.user_options or {}).items() if k != "queue"}
     change = _change(user.name, server_name, record.offering)
     change.set(changes.STOPPING, f"GPU fault ({fault.detail}): stopping the server")
-    # told now; stopped after the grace, so Lab saves open documents (billing already ended)
-    await spawner._tell_why(reason)
-    await asyncio.sleep(float(desk.settings["save_grace_seconds"]))
+    # told now; stopped after the grace, so Lab saves open documents (billing already ended);
+    # a busy server may take the grace to hear it
+    grace = float(desk.settings["save_grace_seconds"])
+    loop = asyncio.get_running_loop()
+    told_by = loop.time() + grace
+    await spawner._tell_why(reason, wait_seconds=max(stops.ANNOUNCE_TIMEOUT_SECONDS, grace))
+    await asyncio.sleep(max(0.0, told_by - loop.time()))
     if not spawner.active or spawner.record is not record:
         # stopped in the grace (by its user, the culler): its stop settled it; not restarted
         change.set(changes.DONE, "The server was stopped during the fault's grace.")

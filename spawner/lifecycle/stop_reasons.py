@@ -52,10 +52,13 @@ class StopReasons(LoggingConfigurable):
         self.stop_reason = reason
         self.notice = reason.notice if reason else ""
 
-    async def _tell_why(self, reason: stops.StopReason) -> None:
-        """Keep the reason, and tell the running server before it goes (best effort)."""
+    async def _tell_why(
+        self, reason: stops.StopReason, wait_seconds: float = stops.ANNOUNCE_TIMEOUT_SECONDS
+    ) -> None:
+        """Keep the reason, and tell the running server before it goes (best effort, at
+        most ``wait_seconds``)."""
         self.set_stop_reason(reason)
         self.log.info("%s: stopping (%s): %s", self.who, reason.kind, reason.message)
         server = getattr(self, "server", None)
         if server is not None and self.api_token:
-            await stops.announce(server.url, self.api_token, reason, self.log)
+            await stops.announce(server.url, self.api_token, reason, self.log, wait_seconds)

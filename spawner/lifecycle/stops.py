@@ -168,10 +168,11 @@ def by_fault(detail: str, then: str) -> Pending:
     :func:`fault_next` words it."""
 
     def reason(at: datetime) -> StopReason:
+        # what matters first: Lab's notifications cut long messages (the panel shows all)
         return StopReason(
             "fault",
-            f"The GPU of your server failed at {clock_time(at)}: {detail}. Billing stopped "
-            "at that second.",
+            f"The GPU of your server failed at {clock_time(at)}. Billing stopped at that "
+            f"second. What failed: {detail}.",
             then,
             at,
         )
@@ -212,16 +213,23 @@ def asked_by(
     return by_admin(user or "unknown")
 
 
-async def announce(server_url: str, token: str, reason: StopReason, log: logging.Logger) -> bool:
+async def announce(
+    server_url: str,
+    token: str,
+    reason: StopReason,
+    log: logging.Logger,
+    wait_seconds: float = ANNOUNCE_TIMEOUT_SECONDS,
+) -> bool:
     """Tell the server at ``server_url`` why it stops, directly (its proxy route is already
-    gone), with its own API token. Failures are logged and ignored: the stop goes on."""
+    gone), with its own API token, waiting at most ``wait_seconds``. Failures are logged
+    and ignored: the stop goes on."""
     request = HTTPRequest(
         server_url.rstrip("/") + "/" + ANNOUNCE_PATH,
         method="POST",
         headers={"Authorization": f"token {token}", "Content-Type": "application/json"},
         body=json.dumps(reason.view()),
-        request_timeout=ANNOUNCE_TIMEOUT_SECONDS,
-        connect_timeout=ANNOUNCE_TIMEOUT_SECONDS,
+        request_timeout=wait_seconds,
+        connect_timeout=wait_seconds,
         follow_redirects=False,
     )
     client = AsyncHTTPClient(force_instance=True)

@@ -124,8 +124,10 @@ def test_the_fault_notice_says_billing_stopped_and_what_happens_next():
     restarting = stops.by_fault(xid_detail(79), stops.fault_next(True))(AT)
     view = restarting.view()
     assert view["kind"] == "fault" and view["restarting"] is True
-    assert "failed at 10:00 UTC: XID 79 (GPU has fallen off the bus)" in view["message"]
-    assert "Billing stopped at that second" in view["message"]
+    assert view["message"] == (
+        "The GPU of your server failed at 10:00 UTC. Billing stopped at that second. "
+        "What failed: XID 79 (GPU has fallen off the bus)."
+    )
     limit = stops.by_fault("GPU is lost", stops.fault_next(False, "the limit"))(AT).view()
     assert limit["restarting"] is False
     assert "not started again: the limit" in limit["todo"]
