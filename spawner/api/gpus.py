@@ -62,6 +62,13 @@ class AdminHealthHandler(GPUTapAPIHandler):
             )
         return desk
 
+    def known_device(self, desk: faults.FaultDesk, device_id: str) -> str:
+        """The device the path names (decoded); 404 when the desk does not know it."""
+        device_id = unquote(device_id)
+        if not desk.knows(device_id):
+            raise web.HTTPError(404, f"No GPU {shown(device_id)}: GET admin/gpus lists them")
+        return device_id
+
     def note_body(self) -> str:
         note = self.json_body(("note",)).get("note", "")
         if not isinstance(note, str) or len(note) > 500:
@@ -139,10 +146,8 @@ class FaultsHandler(AdminHealthHandler):
 class DrainHandler(AdminHealthHandler):
     async def post(self, device_id: str) -> None:
         desk = self.admin_desk()
-        device_id = unquote(device_id)
         note = self.note_body()
-        if not desk.knows(device_id):
-            raise web.HTTPError(404, f"No GPU {shown(device_id)}: GET admin/gpus lists them")
+        device_id = self.known_device(desk, device_id)
         try:
             entry = desk.drain(device_id, note)
         except BookError as e:
@@ -153,10 +158,8 @@ class DrainHandler(AdminHealthHandler):
 class ReturnHandler(AdminHealthHandler):
     async def post(self, device_id: str) -> None:
         desk = self.admin_desk()
-        device_id = unquote(device_id)
         note = self.note_body()
-        if not desk.knows(device_id):
-            raise web.HTTPError(404, f"No GPU {shown(device_id)}: GET admin/gpus lists them")
+        device_id = self.known_device(desk, device_id)
         try:
             entry = desk.give_back(device_id, await desk.still_broken(device_id))
         except BookError as e:

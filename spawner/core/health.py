@@ -10,7 +10,7 @@ watchers make them (spawner/local/health.py, spawner/kube/health.py) and the fau
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +36,6 @@ XID_NAMES = {
 }
 
 HEALTHY, FAULTY, DRAINED = "healthy", "faulty", "drained"
-KINDS = ("xid", "ecc", "remap", "lost", "node", "unhealthy", "reported")
 
 
 def new_id() -> str:
@@ -239,7 +238,3 @@ class HealthBook:
         book.faults = [Fault.from_view(f) for f in data.get("faults") or []]
         book.outcomes = {k: list(v) for k, v in (data.get("outcomes") or {}).items()}
         return book
-
-
-def with_id(fault: Fault, fault_id: str) -> Fault:
-    return replace(fault, id=fault_id)
