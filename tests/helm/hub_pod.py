@@ -32,7 +32,6 @@ import base64
 import os
 import shlex
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,13 +43,14 @@ from tests.kube_sim.volumes import (
     apply_fs_group,
     drop_privileges,
     expose_paths,
+    machine_image_paths,
     process_user,
 )
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-#: the "images'" own files a non-root container must read: this machine's Python, which may
-#: live under a folder others cannot enter (/root)
-IMAGE_PATHS = (sys.base_prefix,)
+#: the "images'" own files a non-root container must read: this machine's Python, the tests'
+#: virtualenv and this checkout, which may live under a folder others cannot enter (/root)
+IMAGE_PATHS = tuple(machine_image_paths())
 
 
 class Manifests:
@@ -291,7 +291,7 @@ def mount_script(
     lines = ["set -e"]
     if user is not None and user.uid != 0:
         # first: a mount may cover the staging folder (an emptyDir at /tmp)
-        lines += expose_paths(list(IMAGE_PATHS), str(scratch / "image"))
+        lines += expose_paths(list(IMAGE_PATHS))
     covered: list[PurePosixPath] = []
     for mount in mounts:
         target = PurePosixPath(mount.target)

@@ -12,10 +12,11 @@ as the kubelet does (pkg/volume/volume_linux.go: group set to fsGroup, files g+r
 g+rwx and setgid; fsGroupChangePolicy OnRootMismatch skips a volume whose root already
 matches). So a non-root server can write a fresh home only if the pod says fsGroup.
 
-The simulated "image" is this machine: the Python the pods run lives where its user may not
-reach it (e.g. under /root). The paths named in `image_paths` are made readable in the pod's
-namespace, as an image's own files are: an unreachable ancestor is covered by an empty tmpfs
-and the path bound back into it.
+The simulated "image" is this machine: the Python the pods run, and the checkout whose gputap
+they run, may live where their user cannot reach them (the root user's home is mode 0700 on a
+fresh machine, and a checkout may lie inside it). The paths `machine_image_paths()` names are made
+readable in the pod's namespace, as an image's own files are: an unreachable ancestor is
+covered by an empty tmpfs and each path bound back into it.
 """
 
 from __future__ import annotations
@@ -97,6 +98,30 @@ def apply_fs_group(path: str, gid: int, read_only: bool = False, policy: str = "
             os.chmod(name, stat.S_IMODE(info.st_mode) | mask)
 
 
+#: this checkout: the gputap code (and the proxy's node_modules) the simulated images hold
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def machine_image_paths() -> list[str]:
+    """What the simulated images hold of this machine: the virtualenv the tests run in (its
+    programs: python, jupyterhub-singleuser, gputap-worker), the Python it was made from
+    (each folder its interpreter's links pass through), and this checkout. Outermost first,
+    none inside another."""
+    found = [sys.prefix, os.path.realpath(sys.base_prefix), str(CHECKOUT)]
+    link = sys.executable
+    for _ in range(40):  # a chain of links: python -> python3 -> /root/.pyenv/.../python3.11
+        if not os.path.islink(link):
+            break
+        target = os.path.join(os.path.dirname(link), os.readlink(link))
+        found.append(os.path.dirname(os.path.abspath(target)))
+        link = target
+    paths: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in found}, key=len):
+        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
+            paths.append(path)
+    return paths
+
+
 def _hidden_ancestor(path: str) -> str | None:
     """The topmost ancestor of `path` that others may not enter, if any."""
     parts = Path(path).parts
@@ -121,7 +146,7 @@ class Volumes:
         self.images = dict(images or {})
         #: the NFS exports the nodes can mount, "server:/path" -> the host directory serving it
         self.nfs_exports = dict(nfs_exports or {})
-        self.image_paths = image_paths if image_paths is not None else [sys.base_prefix]
+        self.image_paths = image_paths if image_paths is not None else machine_image_paths()
         self._tmp = tempfile.TemporaryDirectory(prefix="kube-sim-volumes-")
         self.root = self._tmp.name
 
@@ -224,14 +249,11 @@ class Volumes:
 
     def _expose_image(self, pod: Obj) -> list[str]:
         """Shell lines making the image's paths readable under ancestors its user cannot enter."""
-        return expose_paths(
-            self.image_paths, os.path.join(self.root, "stage", pod["metadata"]["uid"])
-        )
+        return expose_paths(self.image_paths)
 
     def forget(self, pod: Obj) -> None:
-        """Remove a finished pod's emptyDir volumes and staging directories."""
-        for part in ("pods", "stage"):
-            shutil.rmtree(os.path.join(self.root, part, pod["metadata"]["uid"]), ignore_errors=True)
+        """Remove a finished pod's emptyDir volumes."""
+        shutil.rmtree(os.path.join(self.root, "pods", pod["metadata"]["uid"]), ignore_errors=True)
 
 
 def drop_privileges(user: ProcessUser) -> str:
@@ -245,21 +267,24 @@ def drop_privileges(user: ProcessUser) -> str:
     )
 
 
-def expose_paths(paths: list[str], stage: str) -> list[str]:
+def expose_paths(paths: list[str]) -> list[str]:
     """Shell lines, for a mount namespace, making ``paths`` (an image's own files: this
-    machine's Python) readable under ancestors others cannot enter: each such ancestor is
-    covered by an empty tmpfs and the path bound back into it, staged in ``stage``."""
+    machine's Python and checkout) readable under ancestors others cannot enter: each such
+    ancestor is covered by an empty tmpfs and the path bound back into it. The binds wait in
+    a folder of their own in /tmp meanwhile (a covered ancestor may hold the caller's
+    scratch folders too), removed once they are back."""
     hidden = [(p, a) for p in paths if (a := _hidden_ancestor(p)) is not None]
-    lines, covers, back = [], [], []
+    if not hidden:
+        return []
+    lines, covers, back = ["stage=$(mktemp -d /tmp/gputap-image.XXXXXX)"], [], []
     for i, (path, ancestor) in enumerate(hidden):
-        staged = os.path.join(stage, str(i))
-        os.makedirs(staged, exist_ok=True)
-        lines.append(f"mount --bind {shlex.quote(path)} {shlex.quote(staged)}")
+        lines += [f'mkdir "$stage/{i}"', f'mount --bind {shlex.quote(path)} "$stage/{i}"']
         back += [
             f"mkdir -p {shlex.quote(path)}",
-            f"mount --move {shlex.quote(staged)} {shlex.quote(path)}",
+            f'mount --move "$stage/{i}" {shlex.quote(path)}',
+            f'rmdir "$stage/{i}"',
         ]
         if ancestor not in covers:
             covers.append(ancestor)
     lines += [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
-    return lines + back
+    return lines + back + ['rmdir "$stage"']
