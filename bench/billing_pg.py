@@ -1,11 +1,12 @@
 """Billing on PostgreSQL with 10,000 running sessions: charge throughput, post latency,
 one enforcement cycle.
 
-- **Charges.** Every cycle charges each running session for one more interval
-  (``Store.post_interval_charges``, batches of ``--batch`` sessions per transaction, as the
-  service does). Prints charges per second sustained over ``--cycles`` cycles, the post
-  latency of a charge: the time from its batch's start to its commit (p50 / p99 / max), and
-  the revenue shards the workers credited (one each).
+- **Charges.** Every cycle charges each running session for one more interval, as the
+  service's charge pass does (``Store.roll_course_weeks``, then
+  ``Store.post_interval_charges``, batches of ``--batch`` sessions per transaction). Prints
+  charges per second sustained over ``--cycles`` cycles, the post latency of a charge: the
+  time from its batch's start to its commit (p50 / p99 / max), and the revenue shards the
+  workers credited (one each).
 - **Enforcement.** One ``Enforcer.check``: read every running account in bulk, decide, and ask
   a local hub double (real HTTP) to stop the 1 % of accounts that ran out. Prints its time.
 
@@ -97,9 +98,9 @@ def charge_cycles(store: store_module.Store, cycles: int, batch: int, workers: i
     posted = 0
     started = time.perf_counter()
     for cycle in range(1, cycles + 1):
-        posted += store.post_interval_charges(
-            T0 + timedelta(seconds=INTERVAL * cycle + 1), INTERVAL, batch, workers
-        )
+        now = T0 + timedelta(seconds=INTERVAL * cycle + 1)
+        store.roll_course_weeks(now)  # the charge loop's first step (loops/charge.py)
+        posted += store.post_interval_charges(now, INTERVAL, batch, workers)
     elapsed = time.perf_counter() - started
     store._write = write
     latencies.sort()

@@ -23,7 +23,7 @@ from gputap_common.settings import validated
 from .config import BillingConfig, load_billing_config, load_billing_settings
 from .handlers.fields import MAX_STREAM_BYTES
 from .handlers.routes import make_handlers
-from .loops.charge import Charger
+from .loops.charge import Charger, charge_pass
 from .loops.enforce import Enforcer
 from .loops.reconcile import Reconciler
 from .migrate import open_database
@@ -178,11 +178,13 @@ async def main() -> None:
         await loop.run_in_executor(executor, store.mark_seen, session_ids, at)
 
     def post_charges() -> tuple[int, int]:
-        now = clock.utcnow()
-        posted = store.post_interval_charges(
-            now, config.charge_interval_seconds, config.charge_batch_size, config.charge_workers
+        return charge_pass(
+            store,
+            clock.utcnow(),
+            config.charge_interval_seconds,
+            config.charge_batch_size,
+            config.charge_workers,
         )
-        return posted, store.running_count()
 
     async def charge():
         return await loop.run_in_executor(executor, post_charges)

@@ -29,7 +29,8 @@ an allowance: the course's, written off when the week ends).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 
 FUNDING_KINDS = ("trial", "topup", "refund", "adjustment", "allowance")
 CHARGE = "charge"
@@ -138,6 +139,36 @@ def split_refund(amount: int, taken: Sequence[int]) -> list[int]:
         left -= part
     parts[-1] += left
     return parts
+
+
+class UnbalancedTransaction(AssertionError):
+    """A transaction the ledger refuses to write: a bug in the code that built it, never a
+    user's request (so not a ``ValueError``, which the handlers answer with a 400)."""
+
+
+def check_transaction(key: str, postings: Sequence[tuple[int, int]]) -> None:
+    """``UnbalancedTransaction`` unless ``postings`` ((ledger account, signed amount) pairs)
+    form a transaction the ledger takes: at least one posting, none of zero, summing to zero.
+    The one check of every transaction, as TigerBeetle validates every transfer of a batch."""
+    if not postings:
+        raise UnbalancedTransaction(f"transaction {key}: no postings")
+    if any(amount == 0 for _, amount in postings):
+        raise UnbalancedTransaction(f"transaction {key}: a zero posting in {list(postings)}")
+    total = sum(amount for _, amount in postings)
+    if total != 0:
+        raise UnbalancedTransaction(
+            f"unbalanced transaction {key}: postings {list(postings)} sum to {total}"
+        )
+
+
+def balance_moves(postings: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """How much each ledger account's balance moves: the sum of its postings, by account id
+    in ascending order (the order rows are locked in); accounts whose postings cancel out are
+    left out."""
+    moved: defaultdict[int, int] = defaultdict(int)
+    for account, amount in postings:
+        moved[account] += amount
+    return {account: moved[account] for account in sorted(moved) if moved[account]}
 
 
 def check_funding(kind: str, amount_micro: int, course: str = "") -> None:

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 from ..domain import ledger
 from ..domain.money import billed_seconds, cost_micro
 from ..orm import Account, BillingSession, LedgerAccount, LedgerTransaction, Posting
-from . import postings
-from .charge_writes import ChargeBatch, write_charges, write_charges_postgresql
+from . import ledger_writes, postings
 
 T = TypeVar("T")
 
@@ -47,7 +46,7 @@ def _postgresql(db: Session) -> bool:
     return db.get_bind().dialect.name == "postgresql"
 
 
-def charge_columns(row: Any) -> postings.TransactionColumns:
+def charge_columns(row: Any) -> ledger_writes.TransactionColumns:
     """What a charge transaction of session ``row`` says: its owner, the session, and whose
     server (or worker of it) it is and what it holds."""
     worker = f"#{row.worker}" if row.worker else ""
@@ -146,7 +145,8 @@ def charge_batch(
 ) -> int:
     """Interval charges of ``rows`` in bulk, into revenue shard ``shard``: the pools
     are read (and locked) in one query, the splits computed here, and everything is written
-    at once (on PostgreSQL in one statement, ``CHARGES_POSTGRESQL``)."""
+    at once by :func:`.ledger_writes.write` (on PostgreSQL in one statement), with the
+    sessions' new ``charged_micro``."""
     due: list[tuple[Any, int, int]] = []
     for row in rows:
         if now <= row.started_at:
@@ -161,8 +161,7 @@ def charge_batch(
     pools = locked_pools(db, owners, {(r.account_id, r.username, r.course) for r, _, _ in due})
     revenue_id = revenue.ids(db)[shard]
     balances = {code: balance for code, (_, balance) in pools.items()}
-    tx_rows: list[dict] = []
-    splits: list[list[tuple[int, int]]] = []
+    entries: list[ledger_writes.Entry] = []
     for row, k, target in due:
         amount = target - row.charged_micro
         order = [
@@ -175,27 +174,12 @@ def charge_batch(
             if part:
                 balances[code] -= part
                 moves.append((pools[code][0], -part))
-        splits.append([*moves, (revenue_id, amount)])
-        tx_rows.append(
-            {
-                "idempotency_key": f"charge:{row.id}:{k}",
-                "created_by": "",
-                "created_at": now,
-                **charge_columns(row),
-            }
+        entries.append(
+            ledger_writes.Entry(
+                f"charge:{row.id}:{k}", charge_columns(row), (*moves, (revenue_id, amount))
+            )
         )
-    # every balance moves by its postings' sum: the pools down, the revenue shard up
-    moved = {
-        pools[code][0]: balance - pools[code][1]
-        for code, balance in balances.items()
-        if balance != pools[code][1]
-    }
-    moved[revenue_id] = sum(target - row.charged_micro for row, _, target in due)
-    batch = ChargeBatch(tx_rows, splits, moved, {row.id: target for row, _, target in due})
-    if _postgresql(db):
-        write_charges_postgresql(db, batch, now)
-    else:
-        write_charges(db, batch)
+    ledger_writes.write(db, entries, now, {row.id: target for row, _, target in due})
     return len(due)
 
 

@@ -209,8 +209,11 @@ class Store:
         of waiting for each other (more than one worker needs PostgreSQL); each worker
         credits its own revenue shard, so their transactions touch no common row. The batch
         path uses Core statements, one per table and kind of write, not ORM objects: it is
-        the hot loop."""
-        self.roll_course_weeks(now)
+        the hot loop.
+
+        Course weeks are not rolled here: a session crossing a week's boundary is split by
+        :meth:`roll_course_weeks`, which the charge loop runs first
+        (:func:`billing_service.loops.charge.charge_pass`)."""
         if workers <= 1:
             return self._charge_pass(now, interval_seconds, batch_size, 0)
         with ThreadPoolExecutor(workers, thread_name_prefix="billing-charge") as pool:
@@ -258,8 +261,10 @@ class Store:
         return course
 
     def roll_course_weeks(self, now: datetime) -> int:
-        """Grant the new week to every student with a running course session (the charge
-        pass runs this first, so a session crossing the boundary is split there)."""
+        """Grant the new week to every student with a running course session, first
+        charging each session that crosses the boundary up to it from the old week's pool;
+        returns how many students were looked at. The charge loop's first step, before
+        :meth:`post_interval_charges` (:func:`billing_service.loops.charge.charge_pass`)."""
         pairs = self._read(courses.running_students)
         for slug, username in pairs:
             self._run(

@@ -36,9 +36,8 @@ from ..orm import (
     JoinAttempt,
     LedgerAccount,
     LedgerTransaction,
-    Posting,
 )
-from . import accounts
+from . import accounts, ledger_writes
 from .operations import writes
 
 #: the tables whose rows name a user by a ``username`` column, besides accounts and sessions
@@ -104,20 +103,7 @@ def discard(db: Session, account: Account) -> int:
     )  # holdings() allowed no other
     granted = 0
     if trial is not None:
-        for ledger_account_id, amount in db.execute(
-            select(Posting.ledger_account_id, Posting.amount_micro).where(
-                Posting.transaction_id == trial.id
-            )
-        ).all():
-            if amount > 0:
-                granted += amount
-            db.execute(
-                update(LedgerAccount)
-                .where(LedgerAccount.id == ledger_account_id)
-                .values(balance_micro=LedgerAccount.balance_micro - amount)
-            )
-        db.execute(delete(Posting).where(Posting.transaction_id == trial.id))
-        db.execute(delete(LedgerTransaction).where(LedgerTransaction.id == trial.id))
+        granted = sum(amount for _, amount in ledger_writes.erase(db, trial.id) if amount > 0)
     db.execute(delete(Hold).where(Hold.account_id == account.id))
     db.execute(delete(LedgerAccount).where(LedgerAccount.account_id == account.id))
     db.execute(delete(Account).where(Account.id == account.id))

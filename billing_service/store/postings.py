@@ -1,14 +1,15 @@
 """The ledger on the database: ledger accounts, balanced transactions and their postings, the
-revenue shards. The codes, kinds and splits are pure, in :mod:`billing_service.domain.ledger`.
+revenue shards. The codes, kinds and splits are pure, in :mod:`billing_service.domain.ledger`;
+every transaction is written by :mod:`.ledger_writes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Required, TypedDict, Unpack
+from typing import Unpack
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gputap_common.bodies import shown
@@ -18,20 +19,10 @@ from ..domain import ledger
 from ..domain.errors import Conflict
 from ..domain.records import TransactionRecord
 from ..orm import Account, LedgerAccount, LedgerTransaction, Posting
+from .ledger_writes import Entry, TransactionColumns, write
 from .operations import reads
 
 LEDGER_ACCOUNTS = LedgerAccount.__table__
-
-
-class TransactionColumns(TypedDict, total=False):
-    """What a ledger transaction says besides its key and time: ``ledger_transactions``
-    columns, by name."""
-
-    kind: Required[str]
-    account_id: Required[int | None]
-    session_id: str | None
-    memo: str
-    created_by: str
 
 
 def ledger_account(
@@ -154,26 +145,14 @@ def post(
     now: datetime,
     **columns: Unpack[TransactionColumns],
 ) -> LedgerTransaction:
-    """One balanced transaction under idempotency key ``key``, saying ``columns``; each
-    account's balance moves in the same transaction."""
-    moves = [(account, amount) for account, amount in moves if amount]
-    if sum(amount for _, amount in moves) != 0:
-        raise AssertionError(f"unbalanced transaction {key}: {moves}")
-    tx = LedgerTransaction(idempotency_key=key, created_at=now, **columns)
-    db.add(tx)
-    db.flush()
-    for account, amount in moves:
-        db.add(Posting(transaction_id=tx.id, ledger_account_id=account.id, amount_micro=amount))
-        db.execute(
-            update(LedgerAccount)
-            .where(LedgerAccount.id == account.id)
-            .values(balance_micro=LedgerAccount.balance_micro + amount)
-            .execution_options(synchronize_session=False)
-        )
-    db.flush()
-    for account, _ in moves:
+    """One balanced transaction under idempotency key ``key``, saying ``columns``, written by
+    :func:`.ledger_writes.write` (moves of zero are left out); the accounts' ORM objects then
+    hold their new balances."""
+    entry = Entry(key, columns, tuple((account.id, amount) for account, amount in moves if amount))
+    [tx_id] = write(db, [entry], now)
+    for account in {account.id: account for account, amount in moves if amount}.values():
         db.refresh(account, ["balance_micro"])
-    return tx
+    return db.get_one(LedgerTransaction, tx_id)
 
 
 def transaction_record(db: Session, tx: LedgerTransaction) -> TransactionRecord:

@@ -7,6 +7,7 @@ import pytest
 from billing_service.domain.courses import course_rules, week_of
 from billing_service.domain.enforcement import sessions_to_stop
 from billing_service.domain.errors import JoinRateLimited
+from billing_service.loops.charge import charge_pass
 
 from .conftest import T0
 
@@ -96,9 +97,11 @@ def test_allowance_drains_per_second_and_the_week_boundary_splits_a_session_exac
     store.admit("stu", "T4", 1, start, course="dl101")
     store.start_session("c1", "stu", "", "T4", 1, start, start, course="dl101")
     # drains by the second: 10 min = 0.25
+    store.roll_course_weeks(start + timedelta(minutes=10))
     store.post_interval_charges(start + timedelta(minutes=10), 30)
     assert store.account("stu", start).pools["user:stu:allowance:dl101"] == 1_250_000
-    # 45 min after the boundary (the charge pass rolls the week first)
+    # 45 min after the boundary (the charge loop rolls the week first)
+    store.roll_course_weeks(MONDAY + timedelta(minutes=45))
     store.post_interval_charges(MONDAY + timedelta(minutes=45), 30)
     stopped = store.stop_session(
         "c1", MONDAY + timedelta(minutes=45), MONDAY + timedelta(minutes=45)
@@ -127,6 +130,27 @@ def test_allowance_drains_per_second_and_the_week_boundary_splits_a_session_exac
         }
     ]
     assert store.roster_usage("dl101", MONDAY)[3][0]["gpu_seconds"] == 2700
+
+
+def test_the_charge_loop_rolls_the_week_before_it_charges(store):
+    """The charger's pass (loops/charge.py) splits a session at the week's boundary first,
+    so the interval charge after it is paid by the new week."""
+    make_course(store, weekly_hours=1, allowed=["T4"])  # 1.50 a week
+    store.enroll("dl101", "stu", "team", T0)
+    start = MONDAY - timedelta(minutes=30)
+    store.admit("stu", "T4", 1, start, course="dl101")
+    store.start_session("c1", "stu", "", "T4", 1, start, start, course="dl101")
+    at = MONDAY + timedelta(minutes=45)
+    assert charge_pass(store, at, 30, 200, 1) == (1, 1)  # posted, running
+    boundary = MONDAY.isoformat()
+    assert [t.idempotency_key for t in store.transactions("stu")][-4:] == [
+        f"charge:c1:week:{boundary}",
+        f"allowance-expiry:dl101:stu:{boundary}",
+        f"allowance:dl101:stu:{boundary}",
+        "charge:c1:150",
+    ]
+    # the new week paid the 45 minutes after the boundary: 1.50 - 1.125
+    assert store.account("stu", at).pools["user:stu:allowance:dl101"] == 375_000
 
 
 def test_out_of_course_hours_stops_unless_the_student_pays_on(store):

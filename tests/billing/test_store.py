@@ -301,3 +301,26 @@ def test_a_start_after_the_meter_opened_the_session_still_releases_its_hold(stor
     store.start_session("s1", "ada", "", "T4", 1, T0, T0)  # the pod meter, first
     _, created = store.start_session("s1", "ada", "", "T4", 1, T0, T0, hold_id=admission.hold.id)
     assert not created and store.holds("ada", T0) == []
+
+
+@pytest.mark.parametrize("path", ["interval", "stop"])
+def test_a_charge_that_does_not_balance_is_refused_and_writes_nothing(store, monkeypatch, path):
+    """Interval charges and a stop's final charge meet the same check: a split that lost a
+    micro-credit (a bug) is refused before anything is written, and the books stay balanced."""
+    store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
+    split = ledger.split_charge
+
+    def loses_one(amount, balances):
+        parts = split(amount, balances)
+        return [*parts[:-1], parts[-1] - 1]
+
+    monkeypatch.setattr(ledger, "split_charge", loses_one)
+    at = T0 + timedelta(seconds=95)
+    with pytest.raises(AssertionError, match="charge:s1:"):
+        if path == "interval":
+            store.post_interval_charges(at, 30)
+        else:
+            store.stop_session("s1", at, at)
+    assert [t.kind for t in store.transactions("ada")] == ["trial"]
+    assert store.account("ada", at).balance_micro == 10_000_000
+    assert store.revenue_micro() == 0
