@@ -5,13 +5,13 @@ import kubernetes.client
 import pytest
 
 from tests.kube_sim import SimulatedCluster
-from tests.kube_sim.cluster import (
+from tests.kube_sim.conftest import PY, pod_body, wait_for
+from tests.kube_sim.node_shapes import (
     CLOUD_MACHINES,
     cloud_node_spec,
     gke_allocatable,
     gpu_node_spec,
 )
-from tests.kube_sim.conftest import PY, pod_body, wait_for
 from tests.kube_sim.scheduler import parse_quantity
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
