@@ -12,12 +12,14 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import waiting
 from tests.nvml.conftest import ROOT, write_machine
 
 H200_UUID = "GPU-9d5e1c2a-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
@@ -113,22 +115,27 @@ class WatcherProcess:
         self.said.append(message)
         return message
 
+    def _next_such(self, such: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The next message said within a tenth of a second, if ``such`` holds for it."""
+        message = self._next(time.monotonic() + 0.1)
+        return message if message is not None and such(message) else None
+
     def wait_for(self, key: str, timeout: float = 10.0) -> dict[str, Any]:
         """The next message carrying ``key`` (fault, drain, log)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = self._next(deadline)
-            if message is not None and key in message:
-                return message
-        pytest.fail(f"no {key} within {timeout}s; said: {self.said}")
+        return waiting.wait_for(
+            lambda: self._next_such(lambda m: key in m),
+            lambda: f"a message with {key}; said: {self.said}",
+            timeout,
+            step=0,  # _next_such waits for the next message itself
+        )
 
     def wait_log(self, text: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = self._next(deadline)
-            if message is not None and text in message.get("log", ""):
-                return
-        pytest.fail(f"no log line with {text!r} within {timeout}s; said: {self.said}")
+        waiting.wait_for(
+            lambda: self._next_such(lambda m: text in m.get("log", "")),
+            lambda: f"a log line with {text!r}; said: {self.said}",
+            timeout,
+            step=0,
+        )
 
     def findings(self, seconds: float) -> list[dict[str, Any]]:
         """The reports and drains said within ``seconds``."""
