@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 
 from .api import NODE, POD, TERMINAL_PHASES, Api, set_condition
 from .container_env import ConfigError, container_argv, container_env
+from .control_loop import ControlLoop, cancel
 from .gpus import DevicePlugin, image_env
 from .netns import NetworkError, PodNetwork
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
@@ -54,7 +55,7 @@ class PodRun:
     netns: str = ""  # the pod's network namespace, while it has one
 
 
-class Kubelet:
+class Kubelet(ControlLoop):
     """Watches the store for pods bound to nodes and runs them."""
 
     def __init__(
@@ -82,8 +83,6 @@ class Kubelet:
         self.devices = DevicePlugin()
         self._logs: dict[tuple[str, str], PodRun] = {}
         self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
-        self._unsubscribe = None
         #: node name -> how far its clock is ahead of the API server's (behind: negative)
         self.clock_offsets: dict[str, timedelta] = {}
         #: uids of pods whose containers' status carries allocatedResourcesStatus
@@ -95,23 +94,11 @@ class Kubelet:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._unsubscribe = self.api.store.subscribe(self._on_change)
-        self._task = asyncio.create_task(self._run())
-
     async def stop(self) -> None:
-        if self._unsubscribe:
-            self._unsubscribe()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await super().stop()
         for run in list(self.runs.values()):
             await self._kill(run, 0)
-            if run.task:
-                run.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await run.task
+            await cancel(run.task)
             await self._release(run)
         if self._tmp:
             self._tmp.cleanup()
@@ -501,10 +488,8 @@ class Kubelet:
 
     async def _stop(self, run: PodRun, grace: float) -> None:
         await self._kill(run, grace)
-        if run.task and run.task is not asyncio.current_task():
-            run.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run.task
+        if run.task is not asyncio.current_task():
+            await cancel(run.task)
         await self._release(run)
 
     async def _release(self, run: PodRun) -> None:
