@@ -5,7 +5,6 @@ under it (tests/nvml/README.md: EVENTS, ECC, REMAP, lost GPUs)."""
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests import waiting
-from tests.nvml.conftest import ROOT, write_machine
+from tests.nvml.conftest import ROOT, fake_nvml_env, write_machine
 
 H200_UUID = "GPU-9d5e1c2a-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
 OTHER_UUID = "GPU-1b2c3d4e-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
@@ -175,12 +174,7 @@ def watch(fake_nvml_dir, machine):
         ignore_xids: list[int] | None = None,
         library: Path | None = None,
     ) -> WatcherProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-        env.update(
-            LD_LIBRARY_PATH=str(library or fake_nvml_dir),
-            PYTHONPATH=str(ROOT),
-            FAKE_NVML_FILE=str(machine),
-        )
+        env = fake_nvml_env(library or fake_nvml_dir, file=str(machine))
         options = {"exclude": exclude or [], "ignore_xids": ignore_xids or []}
         child = subprocess.Popen(
             [sys.executable, "-c", WATCH, json.dumps(options)],
@@ -419,10 +413,7 @@ WAIT_AND_READ = textwrap.dedent(
 
 def test_an_event_wait_does_not_hold_up_the_inventory(fake_nvml_dir, machine):
     write_machine(machine, DEVICES=f"{H200};{A100_MIG}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-    env.update(
-        LD_LIBRARY_PATH=str(fake_nvml_dir), PYTHONPATH=str(ROOT), FAKE_NVML_FILE=str(machine)
-    )
+    env = fake_nvml_env(fake_nvml_dir, file=str(machine))
     child = subprocess.run(
         [sys.executable, "-c", WAIT_AND_READ],
         env=env,
