@@ -3,6 +3,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import Engine
 
 from billing_service.domain.money import parse_credits
 from billing_service.domain.pricing import make_price_book
@@ -28,9 +29,16 @@ def database_url(request, tmp_path):
 
 
 def make_store(database_url, prices=None, trial="10.00", min_billable_seconds=300) -> Store:
+    """A store on the database at ``database_url``, migrated to this code's schema."""
+    return store_on(open_database(database_url), prices, trial, min_billable_seconds)
+
+
+def store_on(engine: Engine, prices=None, trial="10.00", min_billable_seconds=300) -> Store:
+    """A store on ``engine`` as it is (the migration tests' older revisions included), with
+    the shipped prices unless given others."""
     prices = prices or load_settings(environ={}).billing["prices"]
     return Store(
-        open_database(database_url),
+        engine,
         make_price_book(prices),
         trial_credit_micro=parse_credits(trial),
         min_billable_seconds=min_billable_seconds,
