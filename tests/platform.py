@@ -20,12 +20,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import requests
 import yaml
+
+from tests.waiting import wait_for
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "hub_config" / "jupyterhub_config.py"
@@ -294,6 +299,17 @@ class Platform:
         except FileNotFoundError:
             return ""
 
+    def wait_for(
+        self,
+        predicate: Callable[[], T],
+        what: str = "the condition",
+        timeout: float = 60,
+        step: float = 0.25,
+    ) -> T:
+        """tests/waiting.py's wait_for with the hub's log tail in its failure, for what the
+        hub, its services or its servers bring about."""
+        return wait_for(predicate, lambda: f"{what}\n{self.log_tail(80)}", timeout, step)
+
     # -- hub API ------------------------------------------------------------------------
 
     def get(self, path: str, **kw) -> requests.Response:
@@ -355,12 +371,12 @@ class Platform:
             self.wait_stopped(name, server_name=server_name)
 
     def wait_stopped(self, name: str, timeout: float = 60, server_name: str = "") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server(name, server_name) is None:
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{name}/{server_name}'s server did not stop:\n{self.log_tail()}")
+        self.wait_for(
+            lambda: self.server(name, server_name) is None,
+            f"{name}/{server_name}'s server stopped",
+            timeout,
+            step=0.2,
+        )
 
     def follow_progress(
         self, name: str, into: list[str], server_name: str = ""

@@ -46,6 +46,11 @@ class Caller:
         )
 
 
+def user(hub: Hub, username: str) -> Caller:
+    """Calls billing as ``username``, a user created on the hub for it."""
+    return Caller(hub.billing, hub.user_token(username))
+
+
 def start_hub(tmp: Path, **billing) -> Hub:
     """The platform with billing settings for these tests, and ``billing`` on top."""
     hub_token = secrets.token_hex(16)

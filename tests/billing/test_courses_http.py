@@ -3,23 +3,13 @@ another student, the course's instructor, another course's instructor and an adm
 
 import pytest
 
-from .hub import Caller, start_hub, stop_hub
+from .hub import user
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("courses"))
-    yield hub
-    stop_hub(hub)
-
-
-@pytest.fixture(scope="module")
-def people(hub):
-    admin = Caller(hub.billing, hub.ops_token)
-    who = {
-        name: Caller(hub.billing, hub.user_token(name))
-        for name in ("prof", "prof2", "stu", "other")
-    }
+def people(hub, as_ops):
+    admin = as_ops
+    who = {name: user(hub, name) for name in ("prof", "prof2", "stu", "other")}
     hub.platform.create_user("newbie")  # students an instructor adds are users of the hub
     for name in ("prof", "prof2"):
         assert admin("PUT", f"api/instructors/{name}").status_code == 201
@@ -173,7 +163,7 @@ def test_only_instructors_create_and_only_admins_make_instructors(people):
 
 
 def test_join_codes_are_rate_limited(hub, people):
-    guesser = Caller(hub.billing, hub.user_token("guesser"))
+    guesser = user(hub, "guesser")
     for _ in range(5):
         r = guesser("POST", "api/courses/join", json={"code": "NOTACODE00"})
         assert r.status_code == 400 and "no active course" in r.json()["message"]

@@ -11,29 +11,7 @@ import requests
 
 from spawner.lifecycle.billing_client import BillingClient
 
-from .hub import Caller, start_hub, stop_hub
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("hub"))
-    yield hub
-    stop_hub(hub)
-    assert hub.hub_token not in hub.log() and hub.ops_token not in hub.log()
-
-
-@pytest.fixture(scope="module")
-def as_hub(hub):
-    return Caller(hub.billing, hub.hub_token)
-
-
-@pytest.fixture(scope="module")
-def as_ops(hub):
-    return Caller(hub.billing, hub.ops_token)
-
-
-def user(hub, name):
-    return Caller(hub.billing, hub.user_token(name))
+from .hub import user
 
 
 def test_health_needs_no_login(hub):

@@ -31,6 +31,7 @@ from billing_service.orm import BillingSession
 from gputap_common.settings import load_settings
 from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.api import EVENT, NAMESPACE, POD
+from tests.waiting import wait_for_async
 
 from .conftest import make_store
 from .kube_pods import NAMESPACE as NS
@@ -322,7 +323,7 @@ class Meters:
             **watch,
         )
         self.tasks[meter] = asyncio.ensure_future(meter.run())
-        await until(lambda: meter.synced)  # listed and watching
+        await wait_for_async(lambda: meter.synced, timeout=15)  # listed and watching
         return meter
 
     async def stop(self, meter: KubeMeter) -> None:
@@ -343,17 +344,6 @@ async def meters(cluster, store):
     meters = Meters(store, cluster)
     yield meters
     await meters.close()
-
-
-async def until(predicate, within=15.0, interval=0.05):
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(interval)
 
 
 def session(store, session_id):
@@ -383,7 +373,7 @@ async def test_a_pod_deleted_while_billing_is_down_is_closed_at_its_last_known_e
         seen_interval_seconds=3600 if never else 0.3, watch_seconds=300 if never else 1
     )
     cluster.api.create(POD, NS, gputap_pod("jupyter-ada", "ada", session_id="s-ada"))
-    await until(lambda: session(store, "s-ada"))
+    await wait_for_async(lambda: session(store, "s-ada"), timeout=15)
     started = running_start(cluster, "jupyter-ada")
     assert session(store, "s-ada").started_at == started
     await asyncio.sleep(3)  # running, and seen running
@@ -391,7 +381,7 @@ async def test_a_pod_deleted_while_billing_is_down_is_closed_at_its_last_known_e
     seen = last_seen(store, "s-ada")
     await asyncio.sleep(1.6)
     cluster.api.delete(POD, NS, "jupyter-ada")
-    await until(lambda: not cluster.pods(NS))
+    await wait_for_async(lambda: not cluster.pods(NS), timeout=15)
     [uid] = cluster.truth.snapshot()
     killed = killing_times(cluster.events(NS))[uid]
     if evidence != "killing event":
@@ -400,7 +390,9 @@ async def test_a_pod_deleted_while_billing_is_down_is_closed_at_its_last_known_e
     await asyncio.sleep(1.1)  # a restart well after the pod went
 
     await meters.start()
-    closed = await until(lambda: (s := session(store, "s-ada")) and s.ended_at and s)
+    closed = await wait_for_async(
+        lambda: (s := session(store, "s-ada")) and s.ended_at and s, timeout=15
+    )
     expected = {"killing event": killed, "last seen": seen, "start": started}[evidence]
     assert closed.ended_at == expected
     assert closed.billed_seconds == int((expected - started).total_seconds())
@@ -417,10 +409,10 @@ async def test_a_pod_list_the_api_refuses_is_not_an_empty_namespace(cluster, sto
     sessions all vanished."""
     await meters.start(watch_seconds=1)  # each watch ends in a relist after a second
     cluster.api.create(POD, NS, gputap_pod("jupyter-ada", "ada", session_id="s-ada"))
-    await until(lambda: session(store, "s-ada"))
+    await wait_for_async(lambda: session(store, "s-ada"), timeout=15)
     rule = cluster.faults.fail_requests(1.0, code=code, verbs=["GET"], path=r"/pods$",
                                         watches=False)  # fmt: skip
-    await until(lambda: cluster.faults.injected >= 2)  # two relists refused
+    await wait_for_async(lambda: cluster.faults.injected >= 2, timeout=15)  # two relists refused
     cluster.faults.rules.remove(rule)
     await asyncio.sleep(1.5)
     assert session(store, "s-ada").ended_at is None
@@ -445,11 +437,11 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
     await asyncio.sleep(2.5)  # "exits" has ended; "crashes" has been restarted
     for name in ("deleted", "crashes", "pending"):
         cluster.api.delete(POD, NS, name)
-    await until(lambda: {p["metadata"]["name"] for p in cluster.pods(NS)}
-                == {"exits", "no-id", "spot-slice", "unpriced"})  # fmt: skip
+    await wait_for_async(lambda: {p["metadata"]["name"] for p in cluster.pods(NS)}
+                == {"exits", "no-id", "spot-slice", "unpriced"}, timeout=15)  # fmt: skip
     for name in ("no-id",):
         cluster.api.delete(POD, NS, name)
-    await until(lambda: len(cluster.pods(NS)) == 3)
+    await wait_for_async(lambda: len(cluster.pods(NS)) == 3, timeout=15)
     truth = {t.name: t for t in cluster.truth.snapshot().values()}
     ended = {"exits", "deleted", "no-id", "crashes"}
 
@@ -458,7 +450,7 @@ async def test_every_watch_event_delivered_twice_bills_each_pod_once(cluster, st
         closed = {s.id for s in sessions.values() if s.ended_at}
         return sessions if {truth[n].session_id for n in ended} <= closed else None
 
-    sessions = await until(settled)
+    sessions = await wait_for_async(settled, timeout=15)
     assert cluster.faults.duplicated > 20
     # one session per pod that ran and has a price, nothing for the pending or unpriced pod
     assert set(sessions) == {truth[n].session_id for n in ended | {"spot-slice"}}
@@ -493,14 +485,19 @@ async def test_a_pod_billing_cannot_bill_is_reported_once_not_at_every_relist(
     await meters.start(watch_seconds=1)  # a relist every 2 s
     cluster.api.create(POD, NS, gputap_pod("unpriced", "cy", "Z9000", session_id="s-unpriced"))
     cluster.api.create(POD, NS, gputap_pod("no-count", "cy", "T4", count=0, session_id="s-zero"))
-    await until(lambda: all(p["status"].get("phase") == "Running" for p in cluster.pods(NS)))
+    await wait_for_async(
+        lambda: all(p["status"].get("phase") == "Running" for p in cluster.pods(NS)), timeout=15
+    )
     await asyncio.sleep(5)
     lines = [r.getMessage() for r in caplog.records]
     assert len([line for line in lines if "gputap/unpriced" in line]) == 1, lines
     assert len([line for line in lines if "gputap/no-count" in line]) == 1, lines
     assert store.sessions(None) == []
     monkeypatch.setattr(kube_meter, "REFUSAL_REMINDER_SECONDS", 0)  # a reminder is due
-    await until(lambda: len([r for r in caplog.records if "gputap/unpriced" in r.getMessage()]) > 1)
+    await wait_for_async(
+        lambda: len([r for r in caplog.records if "gputap/unpriced" in r.getMessage()]) > 1,
+        timeout=15,
+    )
 
 
 async def test_the_meter_never_bills_a_disk_pod_nor_closes_a_disk_session(cluster, store, meters):
@@ -512,10 +509,12 @@ async def test_the_meter_never_bills_a_disk_pod_nor_closes_a_disk_session(cluste
     make = cluster.api.create
     make(POD, NS, gputap_pod("names-disk", "ada", "T4", seconds=1, session_id="d-1"))
     make(POD, NS, gputap_pod("is-disk", "ada", "disk", seconds=1, session_id="s-disk"))
-    await until(lambda: all(p["status"].get("phase") == "Succeeded" for p in cluster.pods(NS)))
+    await wait_for_async(
+        lambda: all(p["status"].get("phase") == "Succeeded" for p in cluster.pods(NS)), timeout=15
+    )
     for name in ("names-disk", "is-disk"):
         cluster.api.delete(POD, NS, name)
-    await until(lambda: not cluster.pods(NS))
+    await wait_for_async(lambda: not cluster.pods(NS), timeout=15)
     await meters.stop(meter)
     await meters.start()  # a restart closes vanished pods' sessions: not the disk's
     [disk] = store.sessions(None)
@@ -532,15 +531,16 @@ async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_doe
     cluster.api.create(POD, NS, gputap_pod("by-hub", "ada", session_id="s-hub"))
     hub_down = gputap_pod("hub-down", "bob", "T4", session_id="s-meter", environment="torch")
     cluster.api.create(POD, NS, hub_down)
-    pods = await until(lambda: (p := cluster.truth.snapshot()) and all(
-        t.started for t in p.values()) and {t.session_id: t for t in p.values()})  # fmt: skip
+    pods = await wait_for_async(lambda: (p := cluster.truth.snapshot()) and all(
+        t.started for t in p.values()) and {t.session_id: t for t in p.values()},
+        timeout=15)  # fmt: skip
     await asyncio.sleep(0.5)
     assert session(store, "s-meter") is None and session(store, "s-hub") is None  # waiting
     started = pods["s-hub"].started
     store.start_session("s-hub", "ada", "", "A100-80GB", 1, started, datetime.now(UTC),
                         hold_id=admission.hold.id)  # fmt: skip
     # the hub never opens the other one: billing does once the grace is over, from the start
-    opened = await until(lambda: session(store, "s-meter"), within=10)
+    opened = await wait_for_async(lambda: session(store, "s-meter"), timeout=10)
     assert opened.started_at == pods["s-meter"].started
     assert opened.environment == "torch"  # what the pod's annotation says it runs
     assert datetime.now(UTC) - pods["s-meter"].started >= timedelta(seconds=2)
@@ -551,7 +551,7 @@ async def test_the_spawner_opens_the_session_in_the_start_grace_else_billing_doe
     await meters.stop(meter)
     for name in ("by-hub", "hub-down"):
         cluster.api.delete(POD, NS, name)
-    await until(lambda: not cluster.pods(NS))
+    await wait_for_async(lambda: not cluster.pods(NS), timeout=15)
     killed = killing_times(cluster.events(NS))
     await meters.start(start_grace_seconds=2)
     for session_id in ("s-hub", "s-meter"):
@@ -568,17 +568,19 @@ async def test_dropped_watches_and_api_errors_delay_the_meter_but_lose_nothing(
     make = cluster.api.create
     make(POD, NS, gputap_pod("exits", "ada", "T4", seconds=1.2, session_id="s-exits"))
     make(POD, NS, gputap_pod("deleted", "ada", "L40S", session_id="s-deleted"))
-    await until(lambda: (p := cluster.truth.snapshot()) and all(t.started for t in p.values()))
+    await wait_for_async(
+        lambda: (p := cluster.truth.snapshot()) and all(t.started for t in p.values()), timeout=15
+    )
     await asyncio.sleep(1.5)
     cluster.api.delete(POD, NS, "deleted")
-    await until(lambda: len(cluster.pods(NS)) == 1)
+    await wait_for_async(lambda: len(cluster.pods(NS)) == 1, timeout=15)
     truth = {t.session_id: t for t in cluster.truth.snapshot().values()}
 
     def settled():
         sessions = {s.id: s for s in store.sessions(None) if s.ended_at}
         return sessions if set(sessions) == set(truth) else None
 
-    sessions = await until(settled, within=30)
+    sessions = await wait_for_async(settled, timeout=30)
     assert cluster.faults.injected > 0
     for session_id, t in truth.items():
         assert (sessions[session_id].started_at, sessions[session_id].ended_at) == (
@@ -601,20 +603,20 @@ async def test_a_pod_that_ends_behind_a_silent_watch_is_billed_to_its_end_soon(
 ):
     await meters.start()  # its watch window as billing runs it
     cluster.api.create(POD, NS, gputap_pod("quiet", "ada", "L40S", session_id="s-quiet"))
-    await until(lambda: session(store, "s-quiet"))
+    await wait_for_async(lambda: session(store, "s-quiet"), timeout=15)
     await asyncio.sleep(1.5)  # running, and seen running
     cluster.faults.silence_watches()  # the open watch too: nothing more arrives, nothing ends
     silenced = datetime.now(UTC)
     cluster.api.delete(POD, NS, "quiet")
-    await until(lambda: not cluster.pods(NS))
+    await wait_for_async(lambda: not cluster.pods(NS), timeout=15)
     gone = time.monotonic()
     if evidence == "last seen":  # the cluster lost the pod's events
         for event in cluster.events(NS, "quiet"):
             cluster.api.delete(EVENT, NS, event["metadata"]["name"])
     [t] = cluster.truth.snapshot().values()
 
-    closed = await until(
-        lambda: (s := session(store, "s-quiet")) and s.ended_at and s, within=NOTICED_WITHIN
+    closed = await wait_for_async(
+        lambda: (s := session(store, "s-quiet")) and s.ended_at and s, timeout=NOTICED_WITHIN
     )
     noticed = time.monotonic() - gone
     assert closed.started_at == t.started

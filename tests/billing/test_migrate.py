@@ -15,7 +15,6 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 
 from billing_service.domain.courses import course_rules
-from billing_service.domain.pricing import make_price_book
 from billing_service.migrate import (
     BASELINE,
     SchemaMismatch,
@@ -25,10 +24,8 @@ from billing_service.migrate import (
     upgrade_database,
 )
 from billing_service.orm import Base, make_engine
-from billing_service.store import Store
-from gputap_common.settings import load_settings
 
-from .conftest import T0, make_store
+from .conftest import T0, make_store, store_on
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD = head_revision()
@@ -326,12 +323,7 @@ def test_revenue_moves_into_shards_and_back_with_its_postings(database_url):
         connection.execute(text(SESSION_ENVIRONMENT))
         connection.execute(text(SESSION_WORKER))
     # this code on that revision's tables: open_database would refuse them, rightly
-    store = Store(
-        engine,
-        make_price_book(load_settings(environ={}).billing["prices"]),
-        trial_credit_micro=10_000_000,
-        min_billable_seconds=300,
-    )
+    store = store_on(engine)
     store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
     store.stop_session("s1", T0 + timedelta(hours=1), T0)  # 5.00 of revenue
     with store.engine.begin() as db:  # as that revision wrote it: one revenue account
@@ -398,12 +390,7 @@ def test_course_teams_stored_as_typed_come_out_in_lower_case(database_url):
         command.upgrade(_config(connection), "b5e1c7d93a02")
         connection.execute(text(COURSE_ENVIRONMENT))  # what this code writes, for it alone
         connection.execute(text(COURSE_MAX_WORKERS))
-    store = Store(
-        engine,
-        make_price_book(load_settings(environ={}).billing["prices"]),
-        trial_credit_micro=10_000_000,
-        min_billable_seconds=300,
-    )
+    store = store_on(engine)
     skus = {"T4"}
     bound = course_rules({"name": "DL", "allowed": ["T4"], "github_team": "acme:dl"}, skus)
     store.create_course("prof", bound, "dl", T0, join_code=False)
@@ -427,12 +414,7 @@ def test_sessions_and_courses_before_scale_out_are_servers_and_forbid_it(databas
         command.upgrade(_config(connection), "e6b3d9a1c254")
         connection.execute(text(SESSION_WORKER))  # what this code writes, for it alone
         connection.execute(text(COURSE_MAX_WORKERS))
-    store = Store(
-        engine,
-        make_price_book(load_settings(environ={}).billing["prices"]),
-        trial_credit_micro=10_000_000,
-        min_billable_seconds=300,
-    )
+    store = store_on(engine)
     store.start_session("s1", "ada", "", "RTX-4090", 1, T0, T0)
     store.create_course("prof", course_rules({"name": "DL", "allowed": ["T4"]}, {"T4"}), "dl", T0,
                         join_code=False)  # fmt: skip

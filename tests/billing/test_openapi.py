@@ -26,8 +26,6 @@ from schemathesis.specs.openapi.checks import (
 from billing_service.handlers.admin import OPENAPI_YAML, openapi_json
 from billing_service.handlers.routes import make_handlers
 
-from .hub import start_hub, stop_hub
-
 PREFIX = "/services/billing/"
 #: routes that answer no JSON, left out of the description on purpose (docs/billing.md)
 NOT_JSON = {"", "admin", "courses", "metrics", "oauth_callback"}
@@ -88,15 +86,10 @@ def auth(token: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def hub_billing():
     # charges every second, so generated sessions are charged while the test runs; no
     # reconciliation (these users have no servers on the hub, it would close their sessions)
-    hub = start_hub(
-        tmp_path_factory.mktemp("hub"), charge_interval_seconds=1, reconcile_interval_seconds=3600
-    )
-    yield hub
-    stop_hub(hub)
-    assert hub.hub_token not in hub.log() and hub.ops_token not in hub.log()
+    return {"charge_interval_seconds": 1, "reconcile_interval_seconds": 3600}
 
 
 @pytest.fixture(scope="module")

@@ -8,24 +8,7 @@ import pytest
 
 from spawner.lifecycle.billing_client import BillingClient
 
-from .hub import Caller, start_hub, stop_hub
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("scale-out"))
-    yield hub
-    stop_hub(hub)
-
-
-@pytest.fixture(scope="module")
-def as_hub(hub):
-    return Caller(hub.billing, hub.hub_token)
-
-
-@pytest.fixture(scope="module")
-def as_ops(hub):
-    return Caller(hub.billing, hub.ops_token)
+from .hub import user
 
 
 def start(sid, user, server="gpu", worker=None, sku="RTX-4090", count=1):
@@ -89,7 +72,7 @@ def test_a_server_and_its_workers_each_have_an_open_session(hub, as_hub, as_ops)
         }
     ]
     # the user's page lists the workers under their server with the group's rate
-    vera = Caller(hub.billing, hub.user_token("vera"))
+    vera = user(hub, "vera")
     page = vera("GET", "").text
     assert page.index('data-id="v"') < page.index('data-id="v-w1"') < page.index('data-id="v-w2"')
     assert "└ worker w1" in page and "2 worker(s) of gpu together" in page
@@ -116,8 +99,8 @@ def test_a_bad_worker_name_is_400_and_changes_nothing(as_hub, as_ops, worker):
 
 
 def test_a_course_caps_its_servers_workers(hub, as_ops):
-    prof = Caller(hub.billing, hub.user_token("wprof"))
-    stu = Caller(hub.billing, hub.user_token("wstu"))
+    prof = user(hub, "wprof")
+    stu = user(hub, "wstu")
     assert as_ops("PUT", "api/instructors/wprof").status_code == 201
     course = {"name": "Scale", "allowed": ["T4"], "slug": "scale"}
     for bad in (-1, 65, 1.5, "4", True):

@@ -8,28 +8,7 @@ import re
 import pytest
 import requests
 
-from .hub import Caller, start_hub, stop_hub
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    hub = start_hub(tmp_path_factory.mktemp("security"))
-    yield hub
-    stop_hub(hub)
-
-
-@pytest.fixture(scope="module")
-def as_hub(hub):
-    return Caller(hub.billing, hub.hub_token)
-
-
-@pytest.fixture(scope="module")
-def as_ops(hub):
-    return Caller(hub.billing, hub.ops_token)
-
-
-def user(hub, name):
-    return Caller(hub.billing, hub.user_token(name))
+from .hub import user
 
 
 def grant(as_ops, username, key, amount="5", reason="top-up", **extra):

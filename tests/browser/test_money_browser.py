@@ -10,22 +10,12 @@ import re
 import time
 from decimal import Decimal
 
-import pytest
 from playwright.sync_api import expect
 
 from tests.browser.shots import screenshot
-from tests.platform import Platform
 
 SLICE = "A100-80GB/1g.10gb"  # 1.142857/h in the default book
 COURSE = {"name": "Intro to DL", "allowed": [SLICE], "weekly_hours": 6}
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    p = Platform(tmp_path_factory.mktemp("money"))
-    p.start()
-    yield p
-    p.shutdown()
 
 
 def log_in(browser, platform, name):

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tests.kube_sim.kubelet import expand
+from tests.kube_sim.container_env import expand
 from tests.kube_sim.volumes import (
     ProcessUser,
     apply_fs_group,

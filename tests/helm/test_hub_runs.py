@@ -107,7 +107,8 @@ from tests.helm.hub_pod import (
 from tests.helm.test_hub_pins import pins
 from tests.integration.test_form import row
 from tests.kube.conftest import singleuser_image_user
-from tests.kube_sim.cluster import STANDARD_CLASSES, SimulatedCluster, admin_key
+from tests.kube_sim.cluster import SimulatedCluster, admin_key
+from tests.kube_sim.storage import STANDARD_CLASSES
 from tests.kube_sim.tls import serving_certificate
 from tests.kube_sim.volumes import ProcessUser
 from tests.postgres import admin_connection

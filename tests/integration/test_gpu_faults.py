@@ -80,14 +80,8 @@ class Machine:
         assert r.status_code == 200, r.text
         return r.json()["faults"]
 
-    def wait_for(self, what, timeout: float = 60, step: float = 0.25):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = what()
-            if value:
-                return value
-            time.sleep(step)
-        raise AssertionError(f"timed out waiting\n{self.platform.log_tail(80)}")
+    def wait_for(self, predicate, timeout: float = 60, step: float = 0.25):
+        return self.platform.wait_for(predicate, timeout=timeout, step=step)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.platform import Platform
+from tests.waiting import wait_for
 
 KINDS = {
     "hub": "jupyterhub",
@@ -49,15 +50,6 @@ def processes(platform: Platform) -> dict[str, set[int]]:
     return found
 
 
-def wait_for(check, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return check()
-
-
 def none_left(platform: Platform) -> bool:
     return not any(processes(platform).values())
 
@@ -80,7 +72,12 @@ def test_a_hub_killed_with_sigkill_leaves_no_billing_or_culler_to_its_next_start
 
     platform.proc.kill()  # kill -9: the hub cleans nothing up
     platform.proc.wait()
-    gone = wait_for(lambda: not (processes(platform)["billing"] | processes(platform)["culler"]))
+    gone = wait_for(
+        lambda: not (processes(platform)["billing"] | processes(platform)["culler"]),
+        lambda: f"the dead hub's services gone; still running: {processes(platform)}",
+        timeout=20,
+        step=0.2,
+    )
     assert gone, f"the dead hub's services still run: {processes(platform)}"
 
     platform.start()
@@ -95,7 +92,12 @@ def test_a_hub_killed_with_sigkill_leaves_no_billing_or_culler_to_its_next_start
     assert "Address already in use" not in platform.log_tail(400)
 
     platform.stop_hub()
-    assert wait_for(lambda: none_left(platform)), f"left running: {processes(platform)}"
+    assert wait_for(
+        lambda: none_left(platform),
+        lambda: f"nothing left running; left: {processes(platform)}",
+        timeout=20,
+        step=0.2,
+    ), f"left running: {processes(platform)}"
 
 
 def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform):
@@ -119,7 +121,12 @@ def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform
                 assert started[kind], (kind, started)
             demo.send_signal(how)
             demo.wait(60)
-            stopped = wait_for(lambda: none_left(platform), timeout=40)
+            stopped = wait_for(
+                lambda: none_left(platform),
+                lambda how=how: f"nothing left after {how.name}; running: {processes(platform)}",
+                timeout=40,
+                step=0.2,
+            )
             assert stopped, f"after {how.name} still running: {processes(platform)}"
         finally:
             if demo.poll() is None:

@@ -11,16 +11,6 @@ import pytest
 import requests
 import yaml
 
-from tests.platform import Platform
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    p = Platform(tmp_path_factory.mktemp("sec"))
-    p.start()
-    yield p
-    p.shutdown()
-
 
 def test_a_spawn_link_with_a_query_starts_nothing_and_shows_the_form(platform):
     browser = platform.login("linked")

@@ -24,7 +24,8 @@ import yaml
 
 from tests.helm.chart import copy_chart, render
 from tests.helm.dockerfile import parse_dockerfile
-from tests.kube_sim.cluster import ClusterThread, SimulatedCluster, admin_key
+from tests.kube_sim.cluster import SimulatedCluster, admin_key
+from tests.kube_sim.cluster_thread import ClusterThread
 from tests.kube_sim.volumes import ImageUser
 from tests.platform import Platform
 

@@ -2,7 +2,6 @@
 server's GPU"): the pod is replaced, billing ends the old session and opens the new one; the
 server's own GPUs do not count as free for its change."""
 
-import time
 from datetime import datetime
 
 import requests
@@ -12,13 +11,12 @@ from tests.kube.test_kube_spawn import pod_of
 
 def change_status(platform, user: str, timeout: float = 90) -> dict:
     url = f"{platform.url}/hub/gputap/api/users/{user}/server/change"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def finished() -> dict | None:
         change = platform.api.get(url, timeout=10).json()
-        if change["finished_at"]:
-            return change
-        time.sleep(0.3)
-    raise AssertionError(f"{user}'s change did not finish:\n{platform.log_tail()}")
+        return change if change["finished_at"] else None
+
+    return platform.wait_for(finished, f"{user}'s change finished", timeout, step=0.3)
 
 
 def test_a_pod_moves_to_another_node_and_billing_follows(platform, cluster):

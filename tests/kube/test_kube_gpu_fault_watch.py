@@ -1,9 +1,6 @@
 """The hub's cluster watch finds GPU faults as the simulated cluster's device plugin, kubelet
 and health agents report them, and the inventory keeps the faulty units out."""
 
-import asyncio
-import time
-
 import pytest
 from kubernetes_asyncio import client
 
@@ -12,6 +9,7 @@ from spawner.kube.health import KubeHealthWatcher
 from spawner.kube.watch import ClusterWatcher
 from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for_async
 
 GPU = "nvidia.com/gpu"
 
@@ -40,33 +38,24 @@ async def watched():
                 watcher.stop()
 
 
-async def until(predicate, within=10.0):
-    deadline = time.monotonic() + within
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.05)
-    return value
-
-
 async def test_a_fault_on_a_running_servers_gpu_is_found_once_and_held_out(watched):
     cluster, v1, watcher, faults = watched
     body = pod_body("jupyter-ada", command=[PY, "-c", "import time; time.sleep(60)"],
                     resources={"limits": {GPU: "1"}},
                     tolerations=[{"key": GPU, "operator": "Exists"}])  # fmt: skip
     await v1.create_namespaced_pod("default", body)
-    await until(lambda: cluster.visible_gpus("default", "jupyter-ada"))
+    await wait_for_async(lambda: cluster.visible_gpus("default", "jupyter-ada"))
     [device] = cluster.visible_gpus("default", "jupyter-ada")
     cluster.gpu_fault("a100", int(device.rsplit("-", 1)[1]))
-    told = await until(lambda: [f for f in faults if f.source == "pod"])
-    await until(lambda: watcher.inventory.view.total("A100-80GB") == 3)
+    told = await wait_for_async(lambda: [f for f in faults if f.source == "pod"])
+    await wait_for_async(lambda: watcher.inventory.view.total("A100-80GB") == 3)
     assert [(f.devices, f.pods) for f in told] == [((f"a100/{device}",), ("default/jupyter-ada",))]
     assert sum(f.units for f in faults) == 1
     # the plugin restarts and offers the device again: it stays out; then an agent's
     # condition (a later event: when it is seen, the restart's is applied)
     cluster.gpu_heal("a100", int(device.rsplit("-", 1)[1]))
     cluster.set_condition("a100", "GPUXIDErrors", "True", "XID79")
-    [node_fault] = await until(lambda: [f for f in faults if f.kind == "node"])
+    [node_fault] = await wait_for_async(lambda: [f for f in faults if f.kind == "node"])
     assert node_fault.detail == "condition GPUXIDErrors is True (XID79)"
     assert (await v1.read_node("a100")).status.allocatable[GPU] == "4"
     assert watcher.inventory.view.total("A100-80GB") == 3

@@ -41,16 +41,6 @@ def parse(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def wait_for(what, platform, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out\n{platform.log_tail(80)}")
-
-
 def api(platform, path: str, method: str = "GET", body=None, token: str | None = None):
     headers = {"Authorization": f"token {token}"} if token else {}
     session = requests if token else platform.api
@@ -102,7 +92,7 @@ def test_a_faulty_gpu_moves_its_server_and_stays_out_until_returned(platform, cl
         devices = api(platform, "admin/gpus").json()["devices"]
         return any(d["id"] == book_id and d["state"] == "faulty" for d in devices) and time.time()
 
-    assert wait_for(out, platform) - injected <= 30
+    assert platform.wait_for(out) - injected <= 30
     [fault] = [
         f for f in api(platform, "admin/gpu-faults").json()["faults"] if book_id in f["devices"]
     ]
@@ -112,10 +102,10 @@ def test_a_faulty_gpu_moves_its_server_and_stays_out_until_returned(platform, cl
         s = next(s for s in platform.sessions("ada") if s["id"] == session["id"])
         return s if s["state"] == "ended" else None
 
-    closed = wait_for(ended, platform)
+    closed = platform.wait_for(ended)
     assert abs(parse(closed["ended_at"]) - detected) <= 1, (closed, fault)
 
-    view = wait_for(running_again(platform, token, "ada"), platform, timeout=120)
+    view = platform.wait_for(running_again(platform, token, "ada"), timeout=120)
     assert view["change"]["reason"] == "fault"
     new_node, new_device = device_of(cluster, "ada")
     assert (new_node, new_device) != (node, device)
@@ -159,7 +149,7 @@ def test_a_fault_on_a_free_gpu_only_takes_it_out(platform, cluster):
         faults = api(platform, "admin/gpu-faults").json()["faults"]
         return faults[0] if len(faults) > before else None
 
-    fault = wait_for(seen, platform)
+    fault = platform.wait_for(seen)
     assert fault["node"] == "gpu-l40s-b" and fault["units"] == 1
     assert fault["servers"] == []
     nodes = {n["name"]: n for n in api(platform, "admin/gpus").json()["nodes"]}
@@ -197,11 +187,11 @@ def test_a_node_going_bad_moves_every_server_on_it(platform, cluster):
         listed = {n["name"]: n for n in api(platform, "admin/gpus").json()["nodes"]}
         return listed[bad]["closed"]
 
-    wait_for(closed, platform)
+    platform.wait_for(closed)
     refused = api(platform, f"admin/gpus/node:{bad}/return", "POST", {})
     assert refused.status_code == 409 and "GPUXIDErrors" in refused.json()["message"]
     for user in on_bad:
-        wait_for(running_again(platform, tokens[user], user), platform, timeout=120)
+        platform.wait_for(running_again(platform, tokens[user], user), timeout=120)
         assert device_of(cluster, user)[0] != bad
     cluster.clear_condition(bad, "GPUXIDErrors")
     time.sleep(1.5)

@@ -8,7 +8,7 @@ import pytest
 from tests.integration.test_form import row
 from tests.kube.conftest import gputap_cluster
 from tests.kube.test_kube_spawn import pod_of
-from tests.kube_sim.cluster import gpu_node_spec
+from tests.kube_sim.node_shapes import gpu_node_spec
 from tests.kube_sim.scheduler import parse_quantity
 
 

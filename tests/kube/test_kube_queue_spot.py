@@ -1,16 +1,9 @@
 """Sold out on the cluster: wait in line; spot servers make way for on-demand ones."""
 
-import time
 from datetime import datetime
 
 from tests.kube.test_kube_spawn import pod_of
-
-
-def wait_for(predicate, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
+from tests.waiting import wait_for
 
 
 def test_sold_out_queues_with_position_and_starts_when_another_stops(platform, cluster):
@@ -24,7 +17,12 @@ def test_sold_out_queues_with_position_and_starts_when_another_stops(platform, c
     assert r.status_code == 202, r.text
     messages: list[str] = []
     reader = platform.follow_progress("next", messages)
-    wait_for(lambda: "waiting for a free A100-80GB: 1st in queue" in messages, messages)
+    wait_for(
+        lambda: "waiting for a free A100-80GB: 1st in queue" in messages,
+        lambda: f"1st in queue among the progress messages {messages}",
+        timeout=30,
+        step=0.2,
+    )
     # no pod while waiting: nothing is charged and nothing is Pending in the cluster
     assert not [p for p in cluster.pods("gputap") if "next" in p["metadata"]["name"]]
     assert platform.sessions("next") == []

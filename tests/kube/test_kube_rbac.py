@@ -6,8 +6,6 @@ ServiceAccount tokens, then the simulated API server's audit: no request of eith
 refused, and each rendered rule, verb by verb and resource by resource, allowed at least one
 request."""
 
-import time
-
 import pytest
 import requests
 
@@ -24,6 +22,7 @@ from tests.kube.conftest import (
     user_of,
 )
 from tests.kube.test_kube_spawn import pod_of
+from tests.waiting import wait_for
 
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
 CARD = {"kind": "card", "card": "L40S", "count": 1}
@@ -59,15 +58,6 @@ def unused_rules(cluster, chart_rbac, account: str) -> dict[str, set[tuple[str, 
                     ):
                         unused.setdefault(role, set()).add((group, resource, verb))
     return unused
-
-
-def wait_for(predicate, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def billing_listed_killing_events(cluster) -> bool:
@@ -107,9 +97,9 @@ def test_every_rendered_rule_is_used_and_nothing_is_refused(platform, cluster, c
             w["state"] for w in requests.get(workers, headers=headers, timeout=30).json()["workers"]
         ]
 
-    wait_for(lambda: worker_states() == ["ready"], "ravi's worker ready", timeout=120)
+    wait_for(lambda: worker_states() == ["ready"], "ravi's worker ready", 120, step=0.3)
     assert requests.delete(workers, headers=headers, timeout=30).status_code == 202
-    wait_for(lambda: worker_states() == ["stopped"], "ravi's worker stopped")
+    wait_for(lambda: worker_states() == ["stopped"], "ravi's worker stopped", 60, step=0.3)
 
     # rosa's pod vanishes while the hub and billing are down: billing, back, closes her
     # session at its Killing event, which it looks up
@@ -117,9 +107,11 @@ def test_every_rendered_rule_is_used_and_nothing_is_refused(platform, cluster, c
     rosa_pod = pod_of(cluster, "rosa")["metadata"]["name"]
     # (the raw response: the client's model refuses the float cpu request KubeSpawner sent)
     kube_api(cluster).delete_namespaced_pod(rosa_pod, NAMESPACE, _preload_content=False)
-    wait_for(lambda: _gone(cluster, "rosa"), "rosa's pod gone")
+    wait_for(lambda: _gone(cluster, "rosa"), "rosa's pod gone", 60, step=0.3)
     platform.start()
-    wait_for(lambda: billing_listed_killing_events(cluster), "billing lists Killing events")
+    wait_for(
+        lambda: billing_listed_killing_events(cluster), "billing lists Killing events", 60, step=0.3
+    )
     platform.stop_server("ravi")
 
     assert refused(cluster, HUB_ACCOUNT, BILLING_ACCOUNT) == []

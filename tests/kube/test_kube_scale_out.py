@@ -8,7 +8,6 @@ when its server stops."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 
 import kubernetes
@@ -17,6 +16,7 @@ import requests
 
 from tests.kube.conftest import gputap_cluster, kube_api, kube_platform, shared_homes
 from tests.kube.test_kube_spawn import pod_of
+from tests.waiting import wait_for
 
 A100 = {"kind": "card", "card": "A100-80GB", "count": 1}
 
@@ -56,16 +56,6 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"token {token}"}
 
 
-def until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
-
-
 def live_pods(cluster, role: str | None = None) -> list[dict]:
     return [
         p
@@ -88,14 +78,15 @@ def test_worker_pods_are_the_servers_own_with_their_gpus_owned_labelled_and_bill
     r = requests.post(workers_url(platform, "ada"), json={"count": 2}, headers=auth(token),
                       timeout=30)  # fmt: skip
     assert r.status_code == 202, r.text
-    view = until(
+    view = wait_for(
         lambda: (
             (v := group(platform, "ada", token))
             and [w["state"] for w in v["workers"]] == ["ready", "ready"]
             and v
         ),
-        120,
         "the workers did not become ready",
+        120,
+        step=0.3,
     )
     assert view["rendezvous_host"] == server["status"]["podIP"]
     pods = {p["metadata"]["labels"]["gputap.io/worker"]: p for p in live_pods(cluster, "worker")}
@@ -154,7 +145,9 @@ def test_worker_pods_are_the_servers_own_with_their_gpus_owned_labelled_and_bill
 
     # the group goes with its server: pods, sessions
     platform.stop_server("ada")
-    until(lambda: not live_pods(cluster, "worker"), 60, "worker pods outlived their server")
+    wait_for(
+        lambda: not live_pods(cluster, "worker"), "worker pods outlived their server", 60, step=0.3
+    )
     ended = {s["worker"]: s for s in platform.sessions("ada")}
     assert all(s["state"] == "ended" for s in ended.values()), ended
     # the group stops before its server; the server's end comes from its pod, whose times
@@ -186,14 +179,15 @@ def test_more_than_is_free_is_refused_saying_what_is_free_or_waits_in_the_queue(
     r = requests.post(workers_url(platform, "bob"), json={"count": 4, "queue": True},
                       headers=auth(token), timeout=30)  # fmt: skip
     assert r.status_code == 202, r.text
-    view = until(
+    view = wait_for(
         lambda: (
             (v := group(platform, "bob", token))
             and sorted(w["state"] for w in v["workers"]) == ["ready", "ready", "ready", "waiting"]
             and v
         ),
-        120,
         "three workers ready and one waiting",
+        120,
+        step=0.3,
     )
     [waiting] = [w for w in view["workers"] if w["state"] == "waiting"]
     assert waiting["reason"]
@@ -203,8 +197,12 @@ def test_more_than_is_free_is_refused_saying_what_is_free_or_waits_in_the_queue(
 
     r = requests.delete(workers_url(platform, "bob"), headers=auth(token), timeout=30)
     assert r.status_code == 202, r.text
-    until(lambda: not live_pods(cluster, "worker"), 60, "worker pods left after the stop")
-    until(lambda: group(platform, "bob", token)["count"] == 0, 60, "the group did not end")
+    wait_for(
+        lambda: not live_pods(cluster, "worker"), "worker pods left after the stop", 60, step=0.3
+    )
+    wait_for(
+        lambda: group(platform, "bob", token)["count"] == 0, "the group did not end", 60, step=0.3
+    )
     billed = [s for s in platform.sessions("bob") if s["worker"]]
     assert len(billed) == 3 and all(s["state"] == "ended" for s in billed), billed
     platform.stop_server("bob")
@@ -224,27 +222,30 @@ def test_the_garbage_collector_deletes_the_group_with_the_servers_pod(platform, 
     r = requests.post(workers_url(platform, "cy"), json={"count": 1}, headers=auth(token),
                       timeout=30)  # fmt: skip
     assert r.status_code == 202, r.text
-    until(
+    wait_for(
         lambda: [w["state"] for w in group(platform, "cy", token)["workers"]] == ["ready"],
-        120,
         "the worker did not become ready",
+        120,
+        step=0.3,
     )
 
     # (the raw response: the client's model refuses the float cpu request KubeSpawner sent)
     kube_api(cluster).delete_namespaced_pod(name, "gputap", _preload_content=False)
     networking = kubernetes.client.NetworkingV1Api(kube_api(cluster).api_client)
-    until(
+    wait_for(
         lambda: (
             not [p for p in cluster.pods("gputap") if p["metadata"]["name"] == f"{name}-w1"]
             and not networking.list_namespaced_network_policy(
                 "gputap", label_selector=f"gputap.io/group={name}"
             ).items
         ),
-        60,
         "the worker's pod or the group's policy outlived the server's pod",
-    )
-    until(
-        lambda: all(s["state"] == "ended" for s in platform.sessions("cy")),
         60,
+        step=0.3,
+    )
+    wait_for(
+        lambda: all(s["state"] == "ended" for s in platform.sessions("cy")),
         "a session of the group stayed open",
+        60,
+        step=0.3,
     )

@@ -2,7 +2,6 @@
 open and sends nothing, and the hub's cluster inventory and KubeSpawner's pod reflector (how
 the hub learns that a server stopped) must still follow the cluster."""
 
-import asyncio
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from spawner.kube.watch import ClusterWatcher
 from tests.kube.conftest import HUB_ACCOUNT, NAMESPACE, gputap_cluster
 from tests.kube_sim import admin_key
 from tests.kube_sim.conftest import pod_body
+from tests.waiting import wait_for_async
 
 #: how soon a change must show although every watch went silent (the hub's watches last 10 s
 #: and are given up 5 s after they should have ended: docs/kubernetes.md, "Watches";
@@ -57,9 +57,7 @@ async def hub_v1(cluster):
 async def until(predicate, seconds: float) -> float:
     """Seconds until predicate() holds; fails after ``seconds``."""
     t0 = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - t0 < seconds, f"not seen within {seconds} s"
-        await asyncio.sleep(0.1)
+    await wait_for_async(predicate, "seen through the silent watch", seconds, step=0.1)
     return time.monotonic() - t0
 
 

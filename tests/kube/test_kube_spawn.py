@@ -1,7 +1,6 @@
 """GPUKubeSpawner end to end: the real hub and proxy, the simulated cluster."""
 
 import json
-import time
 
 import requests
 
@@ -21,17 +20,16 @@ def pod_of(cluster, user):
 
 def reach(platform, user, timeout=60):
     token = platform.user_token(user)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         r = requests.get(
             f"{platform.url}/user/{user}/api/status",
             headers={"Authorization": f"token {token}"},
             timeout=5,
         )
-        if r.status_code == 200:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{user}'s server not reachable:\n{platform.log_tail()}")
+        return r.status_code == 200
+
+    platform.wait_for(answers, f"{user}'s server reachable", timeout, step=0.2)
 
 
 def test_two_a100s_land_on_the_a100_node_with_the_right_pod(platform, cluster):

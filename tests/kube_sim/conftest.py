@@ -57,20 +57,6 @@ def pod_body(name, command=None, env=None, resources=None, **spec):
     }
 
 
-def wait_for(predicate, timeout=10.0, interval=0.05):
-    """Poll until predicate() is truthy; return its value or fail naming the timeout."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
-
-
 def owned_by(*owners, **flags) -> dict:
     """metadata.ownerReferences naming these pods (client models, or dicts with metadata)."""
     refs = []

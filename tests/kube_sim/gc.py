@@ -21,6 +21,7 @@ import contextlib
 import logging
 
 from .api import RESOURCE_TYPES, Api, ResourceType
+from .control_loop import ControlLoop
 from .owners import resource_type_of
 from .store import ApiError, Key, Obj, WatchEvent
 
@@ -38,7 +39,7 @@ def _reference_string(ref: Obj, namespace: str) -> str:
     )
 
 
-class GarbageCollector:
+class GarbageCollector(ControlLoop):
     """Deletes dependents whose owners are gone, ``delay`` seconds after the change that
     left them so (an owner's removal, a dependent written with references)."""
 
@@ -49,26 +50,15 @@ class GarbageCollector:
         self._dependents: dict[Key, list[Obj]] = {}
         self._warned: set[tuple[str, str]] = set()  # (dependent uid, owner uid) reported
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._unsubscribe = None
 
     def start(self) -> None:
         for key in self.api.store.all_keys():
             obj = self.api.store.get(*key)
             if obj and obj["metadata"].get("ownerReferences"):
                 self._dependents[key] = obj["metadata"]["ownerReferences"]
-        self._unsubscribe = self.api.store.subscribe(self._on_change)
-        self._task = asyncio.create_task(self._run())
+        super().start()
         if self._dependents:
             self._wake.set()
-
-    async def stop(self) -> None:
-        if self._unsubscribe:
-            self._unsubscribe()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def _on_change(self, event: WatchEvent) -> None:
         # never write from inside a store callback: watchers would see events out of order

@@ -16,21 +16,20 @@ prefix :meth:`Kubelet._launch_prefix` builds.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import errno
 import hashlib
 import logging
 import os
-import re
 import shutil
 import signal
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from .api import CONFIGMAP, NODE, POD, SECRET, TERMINAL_PHASES, Api, set_condition
+from .api import NODE, POD, TERMINAL_PHASES, Api, set_condition
+from .container_env import ConfigError, container_argv, container_env
+from .control_loop import ControlLoop, cancel
 from .gpus import DevicePlugin, image_env
 from .netns import NetworkError, PodNetwork
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
@@ -39,44 +38,6 @@ from .volumes import Volumes
 log = logging.getLogger("kube_sim.kubelet")
 
 MAX_LOG_BYTES = 1 << 20
-_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-# a container with no command runs this: the simulated "image" just stays up
-IDLE_COMMAND = [sys.executable, "-c", "import signal; signal.pause()"]
-
-
-class ConfigError(Exception):
-    """The container cannot be configured (a missing secret or config map key)."""
-
-
-def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes $(VAR) expansion: defined names are replaced, $$ is a literal $."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR_REF.sub(sub, text)
-
-
-def _field_ref(pod: Obj, path: str) -> str:
-    meta = pod["metadata"]
-    status = pod.get("status") or {}
-    simple = {
-        "metadata.name": meta["name"],
-        "metadata.namespace": meta["namespace"],
-        "metadata.uid": meta.get("uid", ""),
-        "spec.nodeName": pod["spec"].get("nodeName", ""),
-        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
-        "status.podIP": status.get("podIP", ""),
-        "status.hostIP": status.get("hostIP", ""),
-    }
-    if path in simple:
-        return simple[path]
-    m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-    if m:
-        return (meta.get(m.group(1)) or {}).get(m.group(2), "")
-    raise ConfigError(f"unsupported fieldRef {path}")
 
 
 @dataclass
@@ -94,7 +55,7 @@ class PodRun:
     netns: str = ""  # the pod's network namespace, while it has one
 
 
-class Kubelet:
+class Kubelet(ControlLoop):
     """Watches the store for pods bound to nodes and runs them."""
 
     def __init__(
@@ -122,8 +83,6 @@ class Kubelet:
         self.devices = DevicePlugin()
         self._logs: dict[tuple[str, str], PodRun] = {}
         self._queue: asyncio.Queue[WatchEvent] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
-        self._unsubscribe = None
         #: node name -> how far its clock is ahead of the API server's (behind: negative)
         self.clock_offsets: dict[str, timedelta] = {}
         #: uids of pods whose containers' status carries allocatedResourcesStatus
@@ -135,23 +94,11 @@ class Kubelet:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._unsubscribe = self.api.store.subscribe(self._on_change)
-        self._task = asyncio.create_task(self._run())
-
     async def stop(self) -> None:
-        if self._unsubscribe:
-            self._unsubscribe()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await super().stop()
         for run in list(self.runs.values()):
             await self._kill(run, 0)
-            if run.task:
-                run.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await run.task
+            await cancel(run.task)
             await self._release(run)
         if self._tmp:
             self._tmp.cleanup()
@@ -504,28 +451,9 @@ class Kubelet:
         if self.api_url:
             host, _, port = self.api_url.removeprefix("http://").partition(":")
             env.update(KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port or "80")
-        ns = pod["metadata"]["namespace"]
-        for source in container.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            for kind, rt in (("secretRef", SECRET), ("configMapRef", CONFIGMAP)):
-                ref = source.get(kind)
-                if not ref:
-                    continue
-                obj = self.api.find(rt, ns, ref["name"])
-                if obj is None:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f'{rt.kind.lower()} "{ref["name"]}" not found')
-                for k, v in (obj.get("data") or {}).items():
-                    env[prefix + k] = base64.b64decode(v).decode() if rt is SECRET else v
-        for item in container.get("env") or []:
-            env[item["name"]] = self._env_value(pod, item, env)
-        env = self._gpu_env(pod, container, env)
-        command = [expand(a, env) for a in container.get("command") or []]
-        args = [expand(a, env) for a in container.get("args") or []]
-        argv = (command + args) if command else (IDLE_COMMAND if not args else args)
+        env = self._gpu_env(pod, container, container_env(self.api, pod, container, env))
         cwd = container.get("workingDir") or ""
-        return argv, env, cwd if cwd and os.path.isdir(cwd) else workdir
+        return container_argv(container, env), env, cwd if cwd and os.path.isdir(cwd) else workdir
 
     def _gpu_env(self, pod: Obj, container: Obj, env: dict[str, str]) -> dict[str, str]:
         """The image's NVIDIA variables, then the device plugin's, then the container's
@@ -541,29 +469,6 @@ class Kubelet:
     def _launch_prefix(self, run: PodRun) -> list[str]:
         """What the container's command runs behind: into the pod's network namespace."""
         return self.network.exec_prefix(run.netns)
-
-    def _env_value(self, pod: Obj, item: Obj, env: dict[str, str]) -> str:
-        if "valueFrom" not in item:
-            return expand(str(item.get("value", "")), env)
-        source = item["valueFrom"]
-        ns = pod["metadata"]["namespace"]
-        if "fieldRef" in source:
-            return _field_ref(pod, source["fieldRef"]["fieldPath"])
-        for kind, rt in (("secretKeyRef", SECRET), ("configMapKeyRef", CONFIGMAP)):
-            ref = source.get(kind)
-            if not ref:
-                continue
-            obj = self.api.find(rt, ns, ref["name"])
-            data = (obj or {}).get("data") or {}
-            if ref["key"] not in data:
-                if ref.get("optional"):
-                    return ""
-                if obj is None:
-                    raise ConfigError(f'{rt.kind.lower()} "{ref["name"]}" not found')
-                raise ConfigError(f"couldn't find key {ref['key']} in {rt.kind} {ns}/{ref['name']}")
-            value = data[ref["key"]]
-            return base64.b64decode(value).decode() if rt is SECRET else value
-        raise ConfigError(f"unsupported valueFrom for {item['name']}")
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -583,10 +488,8 @@ class Kubelet:
 
     async def _stop(self, run: PodRun, grace: float) -> None:
         await self._kill(run, grace)
-        if run.task and run.task is not asyncio.current_task():
-            run.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await run.task
+        if run.task is not asyncio.current_task():
+            await cancel(run.task)
         await self._release(run)
 
     async def _release(self, run: PodRun) -> None:

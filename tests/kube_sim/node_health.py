@@ -1,8 +1,11 @@
-"""What GPU health agents write on a Node object: the NVIDIA device plugin's allocatable,
-node conditions (Node Problem Detector's custom plugins, e.g. AKS's ``GPUXIDErrors``), taints
-(the GPU operator, an admin's ``kubectl taint``). Pure: each function mutates one node dict
-in place, as ``Store.update`` hands it; SimulatedCluster's ``gpu_fault``, ``set_condition``,
-``taint`` and their inverses apply them, so every change is a watch MODIFIED event.
+"""A node's health on its Node object: its Ready condition and the lifecycle taints that go
+with it (``node_readiness``), and what GPU health agents write: the NVIDIA device plugin's
+allocatable, node conditions (Node Problem Detector's custom plugins, e.g. AKS's
+``GPUXIDErrors``), taints (the GPU operator, an admin's ``kubectl taint``). Pure: each
+function mutates one node dict in place, as ``Store.update`` hands it (node_readiness returns
+the condition and taints); SimulatedCluster's ``set_ready``, ``gpu_fault``,
+``set_condition``, ``taint`` and their inverses apply them, so every change is a watch
+MODIFIED event.
 
 The shapes are the API's: a condition is ``{type, status, reason, message,
 lastHeartbeatTime, lastTransitionTime}`` (the transition time kept while the status stays),
@@ -18,6 +21,8 @@ from .store import Obj
 
 CONDITION_STATUSES = ("True", "False", "Unknown")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 
 
 def _now() -> str:
@@ -83,3 +88,31 @@ def untaint(node: Obj, key: str, effect: str | None = None) -> None:
         spec["taints"] = kept
     else:
         spec.pop("taints", None)
+
+
+def node_readiness(ready: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The Ready condition and the taints of a node whose Ready status is ``ready``.
+
+    A kubelet that reports NotReady gives "False"; one that stopped posting its status is
+    marked "Unknown" by the node lifecycle controller. The controller then taints the node
+    ``node.kubernetes.io/not-ready`` or ``node.kubernetes.io/unreachable``, NoSchedule (so
+    the scheduler's TaintToleration filter keeps new pods off it) and NoExecute (evicting
+    pods that do not tolerate it; the API server's DefaultTolerationSeconds admission
+    gives every pod 300 s). Kubernetes pkg/controller/nodelifecycle, "Taint Nodes by
+    Condition" and "Taint based Evictions"."""
+    conditions = {
+        "True": ("KubeletReady", "kubelet is posting ready status", None),
+        "False": ("KubeletNotReady", "container runtime is down", NOT_READY_TAINT),
+        "Unknown": ("NodeStatusUnknown", "Kubelet stopped posting node status.", UNREACHABLE_TAINT),
+    }
+    if ready not in conditions:
+        raise ValueError(f"ready must be True, False or Unknown, not {ready!r}")
+    reason, message, taint = conditions[ready]
+    condition = {"type": "Ready", "status": ready, "reason": reason, "message": message}
+    if taint is None:
+        return condition, []
+    added = _now()
+    return condition, [
+        {"key": taint, "effect": "NoSchedule", "timeAdded": added},
+        {"key": taint, "effect": "NoExecute", "timeAdded": added},
+    ]

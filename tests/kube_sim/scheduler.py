@@ -18,6 +18,7 @@ from fractions import Fraction
 
 from . import storage
 from .api import NODE, POD, TERMINAL_PHASES, Api, set_condition
+from .control_loop import ControlLoop
 from .faults import Faults
 from .store import ApiError, Obj, WatchEvent
 
@@ -258,7 +259,7 @@ def preemption_plan(
     return name, victims
 
 
-class Scheduler:
+class Scheduler(ControlLoop):
     """Binds Pending pods; reruns on every pod or node change and every `retry_interval` s."""
 
     def __init__(
@@ -279,20 +280,6 @@ class Scheduler:
         self.event_interval = event_interval
         self._wake = asyncio.Event()
         self._last_event: dict[str, tuple[float, str]] = {}  # pod uid -> (when, message)
-        self._task: asyncio.Task | None = None
-        self._unsubscribe = None
-
-    def start(self) -> None:
-        self._unsubscribe = self.api.store.subscribe(self._on_change)
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._unsubscribe:
-            self._unsubscribe()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def _on_change(self, event: WatchEvent) -> None:
         if event.key[1] in ("Pod", "Node", "PersistentVolumeClaim"):

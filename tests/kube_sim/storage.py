@@ -42,6 +42,21 @@ RWOP_CONFLICT = (
     "node has pod using PersistentVolumeClaim with the same name and ReadWriteOncePod access mode"
 )
 
+# What a typical cloud cluster offers: a default zonal block-storage class that binds where the
+# first pod lands (as GKE's standard-rwo, EKS's gp3, AKS's managed-csi), ReadWriteOnce only
+STANDARD_CLASSES = [
+    {
+        "metadata": {
+            "name": "standard-rwo",
+            "annotations": {DEFAULT_CLASS_ANNOTATION: "true"},
+        },
+        "provisioner": "pd.csi.storage.gke.io",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+        "allowVolumeExpansion": True,
+    }
+]
+
 
 def pod_claims(pod: Obj) -> list[str]:
     """The names of the claims a pod's volumes use, in volume order."""

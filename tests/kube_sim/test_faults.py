@@ -12,8 +12,9 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 
 from tests.kube_sim import SimulatedCluster
-from tests.kube_sim.conftest import pod_body, wait_for
+from tests.kube_sim.conftest import pod_body
 from tests.kube_sim.rbac import ADMIN_USER
+from tests.waiting import wait_for
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from tests.kube_sim.conftest import (
     pending_pod,
     pod_body,
     refusal,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -155,7 +155,9 @@ def test_dangling_references_are_collected(kube, core, ns):
     kept = configmap(core, ns, "kept", core.read_namespaced_pod("gone", ns))
 
     names = ("of-a-ghost", "too-late", "stale-uid")
-    wait_for(lambda: not any(exists(core.read_namespaced_config_map, n, ns) for n in names), 5)
+    wait_for(
+        lambda: not any(exists(core.read_namespaced_config_map, n, ns) for n in names), timeout=5
+    )
     assert core.read_namespaced_config_map("kept", ns).metadata.uid == kept.metadata.uid
 
 

@@ -4,14 +4,13 @@ device plugin's allocatable drop and Unhealthy device, the kubelet's allocatedRe
 
 import asyncio
 import contextlib
-import inspect
-import time
 
 import pytest
 from kubernetes_asyncio import client, watch
 
 from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for_async
 
 GPU = "nvidia.com/gpu"
 GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
@@ -26,20 +25,6 @@ async def sim():
             yield cluster, client.CoreV1Api(api_client)
 
 
-async def until(predicate, within=10.0):
-    """Poll predicate() (a plain or async function) until truthy; return its value."""
-    deadline = time.monotonic() + within
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.05)
-
-
 async def gpu_pod(v1, name, gpus=1):
     body = pod_body(name, command=SLEEP, resources={"limits": {GPU: str(gpus)}},
                     tolerations=[GPU_TOLERATION])  # fmt: skip
@@ -49,7 +34,7 @@ async def gpu_pod(v1, name, gpus=1):
         pod = await v1.read_namespaced_pod(name, "default")
         return pod if pod.status.phase == "Running" else None
 
-    return await until(running)
+    return await wait_for_async(running)
 
 
 @contextlib.asynccontextmanager
@@ -83,7 +68,7 @@ async def test_a_faulty_gpu_leaves_allocatable_and_its_pod_is_told_but_runs_on(s
     index = int(device.rsplit("-", 1)[1])
     async with node_events(v1) as events:
         assert cluster.gpu_fault("a100", index) == device
-        await until(lambda: events)
+        await wait_for_async(lambda: events)
     [(kind, node)] = events
     assert kind == "MODIFIED"
     assert (node.status.capacity[GPU], node.status.allocatable[GPU]) == ("4", "3")
@@ -148,7 +133,7 @@ async def test_an_unhealthy_device_is_given_to_no_new_pod_until_healed(sim):
     # the plugin restarts and reports it Healthy: the waiting pod gets it
     cluster.gpu_heal("a100", 0)
     assert (await v1.read_node("a100")).status.allocatable[GPU] == "2"
-    await until(lambda: _phase(v1, "second", "Running"))
+    await wait_for_async(lambda: _phase(v1, "second", "Running"))
     assert cluster.visible_gpus("default", "second") == ["GPU-a100-0"]
     with pytest.raises(ValueError, match="has 2 nvidia.com/gpu; no device 2"):
         cluster.gpu_fault("a100", 2)
@@ -179,7 +164,7 @@ async def test_conditions_and_taints_of_health_agents_are_watch_events(sim):
         cluster.untaint("a100", "nvidia.com/gpu-unhealthy", "NoExecute")
         cluster.clear_condition("a100", "GPUXIDErrors")
         cluster.untaint("a100", "nvidia.com/gpu-unhealthy")
-        await until(lambda: len(events) == 8)
+        await wait_for_async(lambda: len(events) == 8)
     assert [kind for kind, _ in events] == ["MODIFIED"] * 8
     nodes = [node for _, node in events]
 

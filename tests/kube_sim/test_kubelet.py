@@ -5,7 +5,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client.rest import ApiException
 
-from tests.kube_sim.conftest import PY, pod_body, wait_for
+from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module", autouse=True)

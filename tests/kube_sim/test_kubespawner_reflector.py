@@ -1,7 +1,5 @@
 """KubeSpawner's own pod and event reflectors (kubernetes_asyncio) follow the simulated cluster."""
 
-import asyncio
-
 import pytest
 from kubernetes_asyncio.client import Configuration
 from kubespawner.reflector import ResourceReflector
@@ -9,6 +7,7 @@ from kubespawner.reflector import ResourceReflector
 from tests.kube_sim import SimulatedCluster, admin_key
 from tests.kube_sim.api import POD
 from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for_async
 
 
 class Pods(ResourceReflector):
@@ -30,14 +29,6 @@ async def cluster():
             Configuration.set_default(previous)
 
 
-async def until(predicate, seconds=10.0):
-    for _ in range(int(seconds / 0.05)):
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 async def test_reflectors_see_a_pod_start_and_its_events(cluster):
     cluster.add_node("cpu-1")
     pods = Pods(namespace="default", labels={"app": "jupyterhub"})
@@ -50,13 +41,15 @@ async def test_reflectors_see_a_pod_start_and_its_events(cluster):
             "default",
             pod_body("jupyter-ada", command=[PY, "-c", "import time; time.sleep(30)"]),
         )
-        await until(
+        await wait_for_async(
             lambda: (
                 pods.resources.get("default/jupyter-ada", {}).get("status", {}).get("phase")
                 == "Running"
             )
         )
-        await until(lambda: any(e["reason"] == "Started" for e in events.resources.values()))
+        await wait_for_async(
+            lambda: any(e["reason"] == "Started" for e in events.resources.values())
+        )
     finally:
         await pods.stop()
         await events.stop()

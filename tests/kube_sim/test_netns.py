@@ -14,7 +14,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.kube_sim import SimulatedCluster, netns
 from tests.kube_sim.cluster import admin_key
-from tests.kube_sim.conftest import PY, pod_body, wait_for
+from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for
 
 # prints what answered at the URL in argv[1], or why nothing did
 FETCH = (
@@ -69,7 +70,7 @@ def host_server():
 def run_to_end(core, ns, name, command, env=None):
     body = pod_body(name, command=command, env=env, restartPolicy="Never")
     core.create_namespaced_pod(ns, body)
-    wait_for(lambda: core.read_namespaced_pod(name, ns).status.phase == "Succeeded", 15)
+    wait_for(lambda: core.read_namespaced_pod(name, ns).status.phase == "Succeeded", timeout=15)
     return core.read_namespaced_pod_log(name, ns).strip()
 
 

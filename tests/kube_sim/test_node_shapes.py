@@ -5,14 +5,15 @@ import kubernetes.client
 import pytest
 
 from tests.kube_sim import SimulatedCluster
-from tests.kube_sim.cluster import (
+from tests.kube_sim.conftest import PY, pod_body
+from tests.kube_sim.node_shapes import (
     CLOUD_MACHINES,
     cloud_node_spec,
     gke_allocatable,
     gpu_node_spec,
 )
-from tests.kube_sim.conftest import PY, pod_body, wait_for
 from tests.kube_sim.scheduler import parse_quantity
+from tests.waiting import wait_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 SLEEP = [PY, "-c", "import time; time.sleep(60)"]

@@ -6,7 +6,8 @@ import kubernetes.client
 import pytest
 
 from tests.kube_sim import SimulatedCluster, admin_key
-from tests.kube_sim.conftest import PY, pod_body, wait_for
+from tests.kube_sim.conftest import PY, pod_body
+from tests.waiting import wait_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 SLEEP = [PY, "-c", "import time; time.sleep(60)"]

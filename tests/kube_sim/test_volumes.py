@@ -9,10 +9,10 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.kube_sim import SimulatedCluster
-from tests.kube_sim.cluster import STANDARD_CLASSES
-from tests.kube_sim.conftest import PY, pod_body, wait_for
-from tests.kube_sim.storage import ZONE_LABEL
+from tests.kube_sim.conftest import PY, pod_body
+from tests.kube_sim.storage import STANDARD_CLASSES, ZONE_LABEL
 from tests.kube_sim.volumes import ImageUser, ProcessUser, apply_fs_group, process_user
+from tests.waiting import wait_for
 
 USER_IMAGE = "example.org/notebook:1.0"  # an image whose USER is 1000:100, HOME /home/jovyan
 

@@ -92,6 +92,16 @@ def write_machine(path: Path, **keys: str) -> None:
     os.replace(tmp, path)
 
 
+def fake_nvml_env(library: Path, **fake: str) -> dict[str, str]:
+    """The environment of a child Python whose pynvml loads the fake from ``library``: this
+    one's, without its own ``FAKE_NVML_*``, and ``fake`` as ``FAKE_NVML_<KEY>`` (file=,
+    devices=, fail= ..., see fake_nvml.c)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
+    env.update(LD_LIBRARY_PATH=str(library), PYTHONPATH=str(ROOT))
+    env.update({f"FAKE_NVML_{key.upper()}": value for key, value in fake.items()})
+    return env
+
+
 @pytest.fixture
 def read_inventory(fake_nvml_dir):
     """``read_inventory(mode, devices=..., fail=...)`` → :class:`Reading`.
@@ -111,15 +121,11 @@ def read_inventory(fake_nvml_dir):
         exclude: list[str] | None = None,
         **fake: str,
     ) -> Reading:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-        env["LD_LIBRARY_PATH"] = str(library or fake_nvml_dir)
-        env["PYTHONPATH"] = str(ROOT)
         if devices is not None:
-            env["FAKE_NVML_DEVICES"] = devices
+            fake["devices"] = devices
         if fail is not None:
-            env["FAKE_NVML_FAIL"] = fail
-        for key, value in fake.items():  # use=, fail_calls=, privileged=
-            env[f"FAKE_NVML_{key.upper()}"] = value
+            fake["fail"] = fail
+        env = fake_nvml_env(library or fake_nvml_dir, **fake)  # use=, fail_calls=, privileged=
         child = subprocess.run(
             [sys.executable, "-c", READ_INVENTORY, mode, json.dumps(exclude or [])],
             env=env,

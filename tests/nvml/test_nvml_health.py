@@ -5,20 +5,21 @@ under it (tests/nvml/README.md: EVENTS, ECC, REMAP, lost GPUs)."""
 from __future__ import annotations
 
 import json
-import os
 import queue
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.nvml.conftest import ROOT, write_machine
+from tests import waiting
+from tests.nvml.conftest import ROOT, fake_nvml_env, write_machine
 
 H200_UUID = "GPU-9d5e1c2a-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
 OTHER_UUID = "GPU-1b2c3d4e-6f0b-4b8e-a3c7-1e2f3a4b5c6d"
@@ -113,22 +114,27 @@ class WatcherProcess:
         self.said.append(message)
         return message
 
+    def _next_such(self, such: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The next message said within a tenth of a second, if ``such`` holds for it."""
+        message = self._next(time.monotonic() + 0.1)
+        return message if message is not None and such(message) else None
+
     def wait_for(self, key: str, timeout: float = 10.0) -> dict[str, Any]:
         """The next message carrying ``key`` (fault, drain, log)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = self._next(deadline)
-            if message is not None and key in message:
-                return message
-        pytest.fail(f"no {key} within {timeout}s; said: {self.said}")
+        return waiting.wait_for(
+            lambda: self._next_such(lambda m: key in m),
+            lambda: f"a message with {key}; said: {self.said}",
+            timeout,
+            step=0,  # _next_such waits for the next message itself
+        )
 
     def wait_log(self, text: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            message = self._next(deadline)
-            if message is not None and text in message.get("log", ""):
-                return
-        pytest.fail(f"no log line with {text!r} within {timeout}s; said: {self.said}")
+        waiting.wait_for(
+            lambda: self._next_such(lambda m: text in m.get("log", "")),
+            lambda: f"a log line with {text!r}; said: {self.said}",
+            timeout,
+            step=0,
+        )
 
     def findings(self, seconds: float) -> list[dict[str, Any]]:
         """The reports and drains said within ``seconds``."""
@@ -168,12 +174,7 @@ def watch(fake_nvml_dir, machine):
         ignore_xids: list[int] | None = None,
         library: Path | None = None,
     ) -> WatcherProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-        env.update(
-            LD_LIBRARY_PATH=str(library or fake_nvml_dir),
-            PYTHONPATH=str(ROOT),
-            FAKE_NVML_FILE=str(machine),
-        )
+        env = fake_nvml_env(library or fake_nvml_dir, file=str(machine))
         options = {"exclude": exclude or [], "ignore_xids": ignore_xids or []}
         child = subprocess.Popen(
             [sys.executable, "-c", WATCH, json.dumps(options)],
@@ -412,10 +413,7 @@ WAIT_AND_READ = textwrap.dedent(
 
 def test_an_event_wait_does_not_hold_up_the_inventory(fake_nvml_dir, machine):
     write_machine(machine, DEVICES=f"{H200};{A100_MIG}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-    env.update(
-        LD_LIBRARY_PATH=str(fake_nvml_dir), PYTHONPATH=str(ROOT), FAKE_NVML_FILE=str(machine)
-    )
+    env = fake_nvml_env(fake_nvml_dir, file=str(machine))
     child = subprocess.run(
         [sys.executable, "-c", WAIT_AND_READ],
         env=env,

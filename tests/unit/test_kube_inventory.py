@@ -130,7 +130,7 @@ def test_time_sliced_gpus_are_offered_as_shared():
 
 def test_every_device_plugin_shape_is_sold_as_what_it_is():
     """Each shape as tests/kube_sim's gpu_node_spec builds it, the same node objects."""
-    from tests.kube_sim.cluster import gpu_node_spec
+    from tests.kube_sim.node_shapes import gpu_node_spec
 
     def offered(**kwargs):
         spec = gpu_node_spec("n", **kwargs)
