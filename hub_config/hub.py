@@ -27,9 +27,10 @@ from spawner.core.environments import environments_from_settings
 from spawner.kube.watch import WATCH_SECONDS
 from spawner.lifecycle import faults
 from spawner.local.environments import NoSingleuser, singleuser_of
+from spawner.local.machine import DeviceSource
+from spawner.local.machine import start_health_watch as start_local
 from spawner.local.reaper import reaper_command
 from spawner.local.spawner import DEFAULT_INVENTORY_FILE
-from spawner.local.spawner import start_health_watch as start_local
 
 from .github import configure_github, github_settings
 from .shared_data import configure_shared_data
@@ -513,7 +514,7 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
     spawner = settings.spawner
     catalog = load_catalog(settings.catalog["cards"])
     if spawner["backend"] == "kubernetes":
-        from spawner.kube.spawner import start_health_watch as start_kube
+        from spawner.kube.machine import start_health_watch as start_kube
 
         spawner_config = c.KubeSpawner
         api = {
@@ -523,13 +524,13 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
         }
         start = partial(start_kube, catalog=catalog, api=api)
     else:
-        start = partial(
-            start_local,
-            spawner=spawner,
-            catalog=catalog,
-            node=os.uname().nodename,
+        source = DeviceSource(
+            inventory=spawner["inventory"],
             inventory_file=spawner["inventory_file"] or str(DEFAULT_INVENTORY_FILE),
+            exclude=tuple(spawner["exclude_gpus"]),
+            node=os.uname().nodename,
         )
+        start = partial(start_local, source=source, catalog=catalog)
     faults.setup(faults_settings, settings.data_dir, token, start, _hub_api_url(c))
 
 

@@ -280,6 +280,17 @@ def _flag(options: Mapping[str, Any], key: str) -> bool:
     return value
 
 
+def asks_to_wait(options: Mapping[str, Any] | None) -> bool:
+    """Whether ``user_options`` ask to wait in the queue (False when they cannot say so:
+    :func:`parse_options` refuses those)."""
+    if not isinstance(options, Mapping):
+        return False
+    try:
+        return _flag(options, "queue")
+    except RequestError:
+        return False
+
+
 def parse_options(options: Mapping[str, Any] | None, catalog: Catalog) -> ServerOptions:
     """Validate ``user_options``: the request, the run options ``queue`` and ``spot``, the
     course that pays, and the environment (or free-text image) as text."""

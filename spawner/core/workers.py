@@ -215,3 +215,9 @@ def parse_time(value: str | None) -> datetime | None:
 def worker_name(index: int) -> str:
     """``w1``, ``w2``, …: a worker's name in its group, in billing and in labels."""
     return f"w{index}"
+
+
+def worker_holder(server: str, worker: str) -> str:
+    """``user/server#wK``: the name a worker holds its devices under (the fault desk finds
+    the server and the worker in it)."""
+    return f"{server}#{worker}"

@@ -20,20 +20,19 @@ from typing import Any
 
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
-from kubespawner.clients import load_config, shared_client
+from kubespawner.clients import shared_client
 from tornado import web
 from traitlets import Unicode
 
-from gputap_common import clock, labels
+from gputap_common import clock
 from gputap_common.times import pod_time
 
-from ..core.catalog import Catalog
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
-from ..lifecycle import faults, placing, stops
+from ..lifecycle import stops
 from ..lifecycle.mixin import GPUSpawnerMixin
+from ..lifecycle.starting import Start
 from .disks import MOUNT_ROOT, KubeDiskStore, disk_pod_settings
-from .health import KubeHealthWatcher
 from .homes import (
     ZONE_LABEL,
     HomeHolder,
@@ -43,49 +42,10 @@ from .homes import (
     home_note,
     zone_note,
 )
-from .objects import GPU_TOLERATIONS, HOSTNAME_LABEL, apply_pod_settings, gpu_pod_settings
+from .machine import KubeMachine, kube_machine
+from .objects import GPU_TOLERATIONS, HOSTNAME_LABEL, apply_pod_settings
 from .watch import ClusterWatcher
 from .workers import KubeWorkers
-
-# one watcher per hub (per event loop)
-_watchers: dict[asyncio.AbstractEventLoop, ClusterWatcher] = {}
-_watcher_lock = asyncio.Lock()
-
-
-async def cluster_watcher(catalog: Catalog) -> ClusterWatcher:
-    """The hub's one cluster watcher, started on first use (by a spawner, or at hub start
-    for the fault desk: spawner/lifecycle/faults.py), with the desk's health watch."""
-    loop = asyncio.get_running_loop()
-    async with _watcher_lock:
-        watcher = _watchers.get(loop)
-        if watcher is None:
-            watcher = ClusterWatcher(shared_client("CoreV1Api"), catalog)
-            watcher.on_change.append(
-                lambda _view: placing.queues.poke(watcher.inventory.preemptible_view)
-            )
-            desk = faults.desk()
-            if desk is not None:
-                health = KubeHealthWatcher(
-                    report=desk.report, conditions=desk.settings["node_conditions"]
-                )
-                watcher.on_event.append(health.on_event)
-                desk.watchers.append(health)
-                desk.add_cluster(watcher)
-            watcher.start()
-            _watchers[loop] = watcher
-    return watcher
-
-
-async def start_health_watch(
-    desk: faults.FaultDesk, catalog: Catalog, api: dict[str, Any] | None = None
-) -> None:
-    """At hub start (spawner/lifecycle/faults.py): the cluster watcher, with the desk's
-    health watch, so a fault on a free node is seen before any spawn. No spawner exists yet
-    to load the client's configuration, so it is loaded here as KubeSpawner does (``api``:
-    its k8s_api_host, k8s_api_ssl_ca_cert and k8s_api_verify_ssl, where configured)."""
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, lambda: load_config(**(api or {})))
-    await cluster_watcher(catalog)
 
 
 class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -139,9 +99,10 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     def pod_key(self) -> str:
         return f"{self.namespace}/{self.pod_name}"
 
-    def reservation(self, record: ServerRecord) -> str:
-        """The name a start's GPUs are reserved under until the watch sees its pod bound."""
-        return f"{self.who}#{record.session_id}"
+    @property
+    def machine(self) -> KubeMachine:
+        """The hub's cluster watch and reservations, shared with workers and the fault desk."""
+        return kube_machine()
 
     # -- data disks -----------------------------------------------------------------------
 
@@ -172,41 +133,19 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
     # -- inventory ------------------------------------------------------------------------
 
     async def cluster(self) -> ClusterWatcher:
-        """The hub's cluster watcher, started on first use."""
-        watcher = await cluster_watcher(self.catalog)
-        try:
-            async with asyncio.timeout(self.k8s_api_request_retry_timeout):
-                await watcher.ready()
-        except TimeoutError:
-            raise web.HTTPError(
-                503,
-                "The cluster's GPU inventory could not be read from the Kubernetes API; "
-                "try again in a minute, and tell an operator if it persists.",
-            ) from None
-        return watcher
+        """The hub's cluster watcher, started on first use, once it has listed the cluster."""
+        return await self.machine.ready(self.catalog, self.k8s_api_request_retry_timeout)
 
     def node_of_pod(self) -> str | None:
         """The node this server's pod runs on, as the watch last saw it."""
-        watcher = self.watcher_now()
-        for pod in watcher.pods if watcher else ():
-            meta = pod["metadata"]
-            if (meta.get("namespace"), meta["name"]) == (self.namespace, self.pod_name):
-                return (pod.get("spec") or {}).get("nodeName")
-        return None
-
-    def watcher_now(self) -> ClusterWatcher | None:
-        """The hub's cluster watcher, if it runs."""
-        return _watchers.get(asyncio.get_running_loop())
+        pod = self.machine.pod(self.namespace, self.pod_name)
+        return (pod.get("spec") or {}).get("nodeName") if pod else None
 
     def worker_backend(self) -> KubeWorkers:
         """The backend of this server's workers (spawner/kube/workers.py)."""
         if self._worker_backend is None:
             self._worker_backend = KubeWorkers(self)
         return self._worker_backend
-
-    def queue_view(self) -> FreeView:
-        watcher = _watchers.get(asyncio.get_running_loop())
-        return watcher.inventory.preemptible_view if watcher else FreeView()
 
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
         """What an on-demand server could get now (spot servers make way for it)."""
@@ -280,66 +219,37 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         return free, inventory.view
 
     async def place_or_wait(
-        self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
+        self,
+        start: Start,
+        options: ServerOptions,
+        free_view: Callable[[], FreeView],
+        prices: dict[str, int],
     ) -> Placement:
         """The shared placement; a refusal says when the home's node or zone was the limit."""
         try:
-            return await super().place_or_wait(options, free_view, prices)
+            return await super().place_or_wait(start, options, free_view, prices)
         except web.HTTPError as e:
             if e.status_code != 409 or not self._home_limit:
                 raise
             raise web.HTTPError(409, f"{e.log_message}{self._home_limit}") from None
 
-    def take_devices(self, placement: Placement, record: ServerRecord) -> None:
-        """Reserve the placement's GPUs on its node until the watch sees the pod bound."""
+    def before_launch(self, placement: Placement) -> None:
+        """Its GPUs are reserved (the machine's take): the pod is not asked for yet."""
         self._pod_requested = False
-        self.reserve(placement, record)
-
-    def reserve(self, placement: Placement, record: ServerRecord) -> None:
-        """Reserve a placement's GPUs (the server's, or a worker's) under its session."""
-        record.node = placement.node
-        if placement.offering.kind != "cpu":
-            inventory = _watchers[asyncio.get_running_loop()].inventory
-            inventory.reserve(
-                self.reservation(record), placement.offering.key, placement.node, placement.count
-            )
-
-    def release_devices(self, record: ServerRecord, still_running: bool = False) -> None:
-        watcher = _watchers.get(asyncio.get_running_loop())
-        if watcher is not None:
-            watcher.inventory.release(self.reservation(record))
 
     async def placed_pod_settings(
-        self, placement: Placement, record: ServerRecord
+        self, placement: Placement, record: ServerRecord, holder: str
     ) -> dict[str, Any]:
-        """The pod settings of a placement (the server's, or a worker's), reserved under its
-        record's session until the watch sees its pod bound."""
-        watcher = await self.cluster()
-        node = watcher.inventory.nodes.get(placement.node) if placement.node else None
-        settings = gpu_pod_settings(
-            placement,
-            self.catalog,
-            username=self.user.name,
-            session_id=record.session_id,
-            server_name=self.name,
-            product=node.product if node else None,
-            hostname=node.hostname if node else None,
-            resource=node.resources[placement.offering.key][0]
-            if node and placement.offering.key in node.resources
-            else None,
-            room=watcher.inventory.room(placement.node) if placement.node else None,
-            price_class=record.price_class,
-            course=record.course,
-            environment=record.environment,
+        """The pod settings of a placement (the server's, or one of its workers', ``holder``)."""
+        return await self.machine.pod_settings(
+            placement, record, holder, self.catalog, self.user.name, self.name
         )
-        settings["extra_annotations"][labels.RESERVATION] = self.reservation(record)
-        return settings
 
     async def launch(self, placement: Placement) -> str:
         """What the pod gets beyond KubeSpawner's configuration (get_pod_manifest applies
         it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs."""
         record = self.record
-        settings = await self.placed_pod_settings(placement, record)
+        settings = await self.placed_pod_settings(placement, record, self.who)
         if self.server_environment.image:  # else the configured image (gputap's own environment)
             settings["image"] = self.server_environment.image
         if self._home_selector and not placement.node:
@@ -383,8 +293,7 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         stop asked, the earlier of it and the request; for a pod found gone (``died``), that
         end itself, never before it was last seen alive (``requested``): the last poll may be
         seconds before. A preempted spot server leaves a notice."""
-        watcher = _watchers.get(asyncio.get_running_loop())
-        ended = watcher.ended.pop(self.pod_key, None) if watcher else None
+        ended = self.machine.ended(self.pod_key)
         reason = self._preemption(record)
         if died:
             at = max(ended or requested, requested)

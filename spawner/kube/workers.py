@@ -13,7 +13,7 @@ import asyncio
 import os
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio.client import ApiException
 from kubespawner.clients import shared_client
@@ -24,8 +24,9 @@ from gputap_common.times import pod_time
 
 from ..core.placement import FreeView, Placement, Request, ServerOptions
 from ..core.record import ServerRecord
-from ..core.workers import Worker
+from ..core.workers import Worker, worker_holder
 from .homes import attaches_to_one_node
+from .machine import KubeMachine
 from .worker_objects import (
     AGENT_PORT,
     WORKER_CONTAINER,
@@ -34,19 +35,39 @@ from .worker_objects import (
     worker_pod,
 )
 
-if TYPE_CHECKING:
-    from .spawner import GPUKubeSpawner
-
 #: how long a worker pod has to get an address (scheduled, started)
 POD_START_SECONDS = 300.0
 #: how often a worker's pod is looked at in the hub's watch cache
 LOOK_SECONDS = 0.3
 
 
-class KubeWorkers:
-    """The Kubernetes backend of a server's workers."""
+class WorkerServer(Protocol):
+    """What workers take from their server's spawner (GPUKubeSpawner)."""
 
-    def __init__(self, spawner: GPUKubeSpawner):
+    who: str
+    namespace: str
+    pod_name: str
+    storage_access_modes: list[str]
+    api: Any
+    log: Any
+
+    @property
+    def machine(self) -> KubeMachine: ...
+
+    async def gpu_views(
+        self, options: ServerOptions
+    ) -> tuple[Callable[[], FreeView], FreeView]: ...
+
+    async def placed_pod_settings(
+        self, placement: Placement, record: ServerRecord, holder: str
+    ) -> dict[str, Any]: ...
+
+
+class KubeWorkers:
+    """The Kubernetes backend of a server's workers (their GPUs are reserved on the hub's
+    machine, spawner/kube/machine.py, through the start pipeline)."""
+
+    def __init__(self, spawner: WorkerServer):
         self.spawner = spawner
 
     # -- placement ------------------------------------------------------------------------
@@ -63,12 +84,6 @@ class KubeWorkers:
             )
         return await self.spawner.gpu_views(ServerOptions(request))
 
-    def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
-        self.spawner.reserve(placement, record)  # under the worker's own session
-
-    def release(self, record: ServerRecord, holder: str) -> None:
-        self.spawner.release_devices(record)
-
     def rendezvous_host(self) -> str:
         pod = self._server_pod()
         return ((pod or {}).get("status") or {}).get("podIP") or ""
@@ -79,13 +94,7 @@ class KubeWorkers:
         return self._pod(self.spawner.pod_name)
 
     def _pod(self, name: str) -> Mapping[str, Any] | None:
-        watcher = self.spawner.watcher_now()
-        namespace = self.spawner.namespace
-        for pod in watcher.pods if watcher else []:
-            meta = pod["metadata"]
-            if meta["name"] == name and meta.get("namespace") == namespace:
-                return pod
-        return None
+        return self.spawner.machine.pod(self.spawner.namespace, name)
 
     async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
         spawner = self.spawner
@@ -93,7 +102,8 @@ class KubeWorkers:
         if server is None or not server["metadata"].get("uid"):
             raise RuntimeError("the server's pod is not in the hub's view of the cluster")
         record = worker.record
-        settings = await spawner.placed_pod_settings(worker.placement, record)
+        holder = worker_holder(spawner.who, worker.name)
+        settings = await spawner.placed_pod_settings(worker.placement, record, holder)
         manifest = worker_pod(
             server,
             settings,
@@ -159,7 +169,7 @@ class KubeWorkers:
             if e.status != 404:
                 raise
 
-    def still_runs(self, worker: Worker, holder: str) -> bool:
+    def still_runs(self, worker: Worker) -> bool:
         pod = self._pod(worker.handle.get("pod", ""))
         return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
 

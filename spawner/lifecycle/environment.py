@@ -9,47 +9,35 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from tornado import web
-from traitlets import Dict, Unicode
-from traitlets.config import LoggingConfigurable
 
-from gputap_common.settings import node_at
-
+from ..core.catalog import Catalog
 from ..core.environment_form import OWN_IMAGE, Picker
 from ..core.environments import Environment, Environments, environments_from_settings, fit_request
 from ..core.placement import RequestError, ServerOptions
-from .billing_client import BillingRefused, BillingUnavailable, unavailable_error
+from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
 
 
-class EnvironmentChoice(LoggingConfigurable):
-    """The environments part of :class:`~.mixin.GPUSpawnerMixin` (which provides ``user``,
-    ``record``, ``catalog`` and ``billing``)."""
+class EnvironmentChoice:
+    """The environments of the settings and one user's choice among them: a collaborator of
+    :class:`~.mixin.GPUSpawnerMixin`, given its settings (``environments``, the backend's
+    name, ``image_pattern``), the user, billing and the GPU catalog."""
 
-    #: the backend's name in the settings (spawner.backend): what its environments must hold
-    backend_name = "local"
-
-    environments = Dict(
-        node_at(("environments",))["default"],
-        config=True,
-        help="""The environments servers run in, by key, as the ``environments:`` settings
-        declare them (spawner/core/environments.py); exactly one is the default.
-
-        c.GPULocalSpawner.environments = {
-            "gputap": {"name": "gputap minimal", "default": True},
-            "torch": {"name": "PyTorch", "python": "/opt/envs/torch", "image": "acme/torch:2",
-                      "needs": {"gpu": True, "min_gpu_memory_gb": 16}},
-        }
-        """,
-    )
-
-    image_pattern = Unicode(
-        "",
-        config=True,
-        help=r"""Free-text images users may ask for (user_options ``image``): a regular
-        expression the whole image must match; empty: none. Kubernetes only.
-
-        c.GPUKubeSpawner.image_pattern = r"ghcr\.io/acme/[a-z0-9._/-]+:[A-Za-z0-9._-]+"
-        """,
-    )
+    def __init__(
+        self,
+        environments: Mapping[str, Any],
+        *,
+        backend_name: str = "local",
+        image_pattern: str = "",
+        user: Any = None,
+        billing: BillingClient | None = None,
+        catalog: Catalog | None = None,
+    ):
+        self.environments = environments
+        self.backend_name = backend_name
+        self.image_pattern = image_pattern
+        self.user = user
+        self.billing = billing
+        self.catalog = catalog
 
     @property
     def environment_catalog(self) -> Environments:
@@ -74,12 +62,6 @@ class EnvironmentChoice(LoggingConfigurable):
         if selected != OWN_IMAGE and selected not in {e.key for e in allowed}:
             selected = catalog.default.key
         return Picker(allowed, selected, catalog.image_pattern, image)
-
-    @property
-    def server_environment(self) -> Environment:
-        """The environment of the running (or starting) server; the default without one."""
-        key = self.record.environment if self.record is not None else ""
-        return self.environment_catalog.resolve(key)
 
     async def environment_for(self, options: ServerOptions) -> tuple[Environment, ServerOptions]:
         """The environment ``options`` ask for, if this user may have it, and the options
@@ -118,9 +100,3 @@ class EnvironmentChoice(LoggingConfigurable):
         except RequestError as e:
             raise web.HTTPError(400, f"Invalid server options: {e}") from None
         return environment, dataclasses.replace(options, request=request)
-
-    def get_env(self) -> dict[str, str]:
-        env = super().get_env()
-        # which environment the server runs, for the Lab extension and the user's own code
-        env["GPUTAP_ENVIRONMENT"] = self.server_environment.key
-        return env

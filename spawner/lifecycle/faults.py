@@ -33,6 +33,7 @@ from gputap_common.names import server_label
 
 from ..core.health import DRAINED, FAULTY, BookError, DeviceHealth, Fault, HealthBook
 from . import placing
+from .machine import ClusterDevices, HealthWatch, LocalDevices, ReportingServer
 
 log = logging.getLogger("gputap.faults")
 
@@ -98,13 +99,13 @@ class FaultDesk:
         self.settings = settings
         self.token = token
         self.book = self._load()
-        #: local device pools to keep in step with the book (spawner/local/inventory.py)
-        self.pools: list[Any] = []
-        #: the Kubernetes cluster watcher, once it runs (spawner/kube/watch.py)
-        self.cluster: Any = None
+        #: local device pools to keep in step with the book (spawner/local/machine.py)
+        self.pools: list[LocalDevices] = []
+        #: the Kubernetes cluster watcher, once it runs (spawner/kube/machine.py)
+        self.cluster: ClusterDevices | None = None
         #: the hub's API URL and how to find a server's holder, learned from spawners
         self.api_url: str | None = None
-        self.watchers: list[Any] = []
+        self.watchers: list[HealthWatch] = []
         self._tasks: set[asyncio.Task] = set()
         self._saving: asyncio.Task | None = None
         #: servers being recovered ("user/name"), so one fault is acted on once per server
@@ -158,13 +159,13 @@ class FaultDesk:
 
     # -- isolation -----------------------------------------------------------------------
 
-    def add_pool(self, pool: Any) -> None:
+    def add_pool(self, pool: LocalDevices) -> None:
         """A local device pool: devices the book holds out are out of it from now on."""
         self.pools.append(pool)
         pool.set_out([d for d, state in self.book.out().items() if state == FAULTY], FAULTY)
         pool.set_out([d for d, state in self.book.out().items() if state == DRAINED], DRAINED)
 
-    def add_cluster(self, watcher: Any) -> None:
+    def add_cluster(self, watcher: ClusterDevices) -> None:
         """The Kubernetes cluster watcher (its health watch is in :attr:`watchers`): nodes
         and units the book holds out stay out."""
         self.cluster = watcher
@@ -234,7 +235,7 @@ class FaultDesk:
                 return replace(fault, units=1)
         return fault
 
-    def _wake(self, pool: Any) -> None:
+    def _wake(self, pool: LocalDevices) -> None:
         """Waiting spawns see what the pool now offers (the line's heads may no longer fit)."""
         placing.queues.poke(pool.free_view())
 
@@ -384,10 +385,7 @@ class FaultDesk:
     async def still_broken(self, device: str) -> str | None:
         """Why ``device`` cannot be returned yet (its cause still shows), or None."""
         for watcher in self.watchers:
-            check = getattr(watcher, "still_broken", None)
-            if check is None:
-                continue
-            why = check(device)
+            why = watcher.still_broken(device)
             if asyncio.iscoroutine(why):
                 why = await why
             if why:
@@ -424,7 +422,13 @@ class FaultDesk:
         return nodes
 
     def server_report(
-        self, label: str, spawner: Any, device: str, kind: str, detail: str, at: datetime
+        self,
+        label: str,
+        spawner: ReportingServer,
+        device: str,
+        kind: str,
+        detail: str,
+        at: datetime,
     ) -> bool:
         """A server's own report of a failing device. One machine: nothing is acted on (the
         hub reads NVML itself every ``poll_seconds``). Kubernetes: trusted for the server's

@@ -2,50 +2,45 @@
 stop, poll and the state kept across hub restarts, written once.
 
 A backend (:mod:`spawner.local.spawner`, :mod:`spawner.kube.spawner`) mixes
-:class:`GPUSpawnerMixin` in before its JupyterHub spawner class and provides small hooks:
+:class:`GPUSpawnerMixin` in before its JupyterHub spawner class and provides:
 
+- ``machine``: where devices come from, one per hub (:mod:`spawner.lifecycle.machine`);
 - ``async gpu_views(options)``: what is free, as a callable placement reads (again after a
   wait in the queue), and the view prices are asked for;
-- ``take_devices(placement, record)``: take what placement chose, synchronously (no other
-  spawn decides in between), and note it on the record;
-- ``release_devices(record, still_running)``: give them back (a failed start, an ended server);
 - ``async launch(placement)``: start the server with the backend's spawner class; its URL;
 - ``async launched_at()``: when the server started running (billing starts there);
-- ``async still_running()``: after a stop, whether it may still run (its devices stay taken);
-- ``async stopped(record, requested)``: when the server really ended (not after ``requested``);
-- ``claim_devices(record)``: a server re-attached after a hub restart holds its devices again.
+- ``async still_running()``: after a stop, whether it may still run (``keep_devices``);
+- ``async stopped(record, requested)``: when the server really ended (not after ``requested``).
 
-``start``, ``stop`` and ``poll`` call the backend spawner class's own (``super()``) for the
-process or pod; a backend never overrides them. The next ways to start and stop (worker
-groups, restarts after GPU faults) plug into the same hooks.
+A start walks the one start pipeline (:class:`~.starting.Start`: place, take, admit, launch,
+open billing, one failure path) that workers walk too. ``start``, ``stop`` and ``poll`` call the
+backend spawner class's own (``super()``) for the process or pod; a backend never overrides
+them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from tornado import web
-from traitlets import Dict, Integer, Unicode, default
+from traitlets import default
 
 from gputap_common import clock
 from gputap_common.names import server_label
 
-from ..core.asking import Refused, credit_of
-from ..core.catalog import CPU_KEY, Catalog, load_catalog
+from ..core.asking import Refused
+from ..core.catalog import Catalog, load_catalog
 from ..core.choices import build_choices
+from ..core.environments import Environment
 from ..core.form import (
     Choice,
-    course_offers,
     options_from_form,
-    preview_answer,
-    render_form,
-    with_alternatives,
 )
 from ..core.placement import (
     FreeView,
@@ -53,101 +48,51 @@ from ..core.placement import (
     Refusal,
     RequestError,
     ServerOptions,
+    asks_to_wait,
     parse_options,
     parse_request,
-    place,
 )
 from ..core.record import ServerRecord
-from . import placing, refusals, server_apps, stops
-from .billing_client import BillingClient, BillingRefused, BillingUnavailable, unavailable_error
-from .disk_mounts import DiskMounts
+from . import faults, offers, placing, refusals, stops
+from .billing_client import BillingClient
+from .disk_mounts import disks_to_mount
 from .environment import EnvironmentChoice
+from .machine import Machine
 from .metering import Metering
 from .request_body import start_options
-from .scale_out import ScaleOutMixin
-from .stop_reasons import StopReasons
+from .scale_out import ScaleOut, save_spawner_state
+from .server_apps import apps_env
+from .starting import Start
+from .stop_reasons import StopBook
+from .traits import GPUSpawnerTraits
+from .workers import WorkerGroup
 
 PREVIEW_PATH = "gputap/preview"
 
 
 def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) -> None:
-    """JupyterHub's apply_user_options hook: validate the options before anything starts.
+    """JupyterHub's apply_user_options hook, before anything starts: the options as
+    :func:`~.request_body.start_options` reads them (the same on JupyterHub 5 and 6, so the
+    backend's spawner class never sees gputap's older ``profile`` key, KubeSpawner's), and a
+    start that may wait in the queue gets ``queue_timeout`` more to start.
 
-    A bad request is refused by ``start()`` with a 400 (JupyterHub logs that as one line;
-    an exception raised here would be logged with a traceback). The options are kept as
-    :func:`~.request_body.start_options` reads them (the same on JupyterHub 5 and 6), so the
-    backend's spawner class never sees gputap's older ``profile`` key (KubeSpawner's)."""
+    They are parsed once, by ``start()`` (after the backend has read what it holds: a card
+    NVML found may be what they ask for), which refuses a bad request with a 400 (JupyterHub
+    logs that as one line; an exception raised here would be logged with a traceback)."""
     try:
         spawner.user_options = start_options(user_options)
-        options = spawner.parse_server_options(spawner.user_options)
-        spawner.server_options, spawner.options_error = options, None
     except RequestError as e:
-        spawner.server_options, spawner.options_error = None, str(e)
+        spawner.user_options, spawner.options_error = {}, str(e)
     else:
-        spawner.options_applied(options)
+        spawner.options_error = None
+    spawner.allow_queue_time(asks_to_wait(spawner.user_options))
 
 
-class GPUSpawnerMixin(
-    StopReasons, ScaleOutMixin, server_apps.AppsMixin, EnvironmentChoice, DiskMounts
-):
-    """The lifecycle, the form and the billing glue shared by gputap's spawners."""
-
-    billing_url = Unicode(
-        "",
-        config=True,
-        help="""Base URL of the billing service as the hub reaches it.
-
-        c.GPULocalSpawner.billing_url = "http://127.0.0.1:8091/services/billing/"
-        """,
-    )
-
-    billing_token = Unicode(
-        config=True,
-        help="""API token the hub uses for billing (scope custom:gputap-billing:hub).
-
-        Defaults to $GPUTAP_BILLING_TOKEN. c.GPULocalSpawner.billing_token = "..."
-        """,
-    )
-
-    @default("billing_token")
-    def _default_billing_token(self) -> str:
-        return os.environ.get("GPUTAP_BILLING_TOKEN", "")
-
-    catalog_cards = Dict(
-        config=True,
-        help="""Cards to add or edit, merged over spawner/core/catalog.yaml (same keys).
-
-        c.GPULocalSpawner.catalog_cards = {"RTX-5090": {"memory_gb": 32, "fp16_tflops": 209.5,
-                                           "products": ["NVIDIA-GeForce-RTX-5090"]}}
-        """,
-    )
-
-    queue_timeout = Integer(
-        3600,
-        config=True,
-        help="""Seconds a spawn may wait in the queue for a sold-out card or slice.
-
-        c.GPULocalSpawner.queue_timeout = 7200
-        """,
-    )
-
-    disk_max_size_gb = Integer(
-        100,
-        config=True,
-        help="""Largest data disk a user may create, in GB.
-
-        c.GPULocalSpawner.disk_max_size_gb = 500
-        """,
-    )
-
-    max_disks = Integer(
-        5,
-        config=True,
-        help="""Most data disks one user may have.
-
-        c.GPULocalSpawner.max_disks = 10
-        """,
-    )
+class GPUSpawnerMixin(GPUSpawnerTraits):
+    """The lifecycle, the form and the billing glue shared by gputap's spawners; its settings
+    are :class:`~.traits.GPUSpawnerTraits`, its parts collaborators: the start pipeline
+    (:class:`~.starting.Start`), the stop book, the worker group (:class:`~.scale_out.ScaleOut`)
+    and the environment choice."""
 
     @default("options_form")
     def _default_options_form(self):
@@ -172,20 +117,17 @@ class GPUSpawnerMixin(
         servers start from the form's POST or the REST API (docs/security.md)."""
         raise refusals.SpawnFromLink()
 
-    #: the validated options of the spawn in progress, or why they are invalid
-    server_options: ServerOptions | None = None
+    #: why the options of the spawn in progress could not even be read (start() says so)
     options_error: str | None = None
     #: what the spawn is doing while it waits, and what it was matched to (spawn progress)
     queue_note: str = ""
     progress_note: str = ""
     #: backends whose servers can be interrupted (Kubernetes priority classes)
     offers_spot = False
-    #: why the last server stopped, with what to do (hub home, spawn form; docs/lab.md)
-    notice: str = ""
-    #: the same, structured (kind, message, todo, at), or None while none is known
-    stop_reason: stops.StopReason | None = None
     #: what the running (or starting) server was placed on and is billed as
     record: ServerRecord | None = None
+    #: where its devices come from: the backend's machine, one per hub (spawner/*/machine.py)
+    machine: Machine
     #: the disks this server mounted at its start: [{"name", "path"}] (kept in its state)
     mounted_disks: list[dict[str, str]] | None = None
 
@@ -201,6 +143,91 @@ class GPUSpawnerMixin(
     _typed: dict[str, str] = {}
     #: when a poll last found the server running (a server that dies is billed until then)
     _seen_alive: datetime | None = None
+    _stop_book: StopBook | None = None
+    _scale_out: ScaleOut | None = None
+
+    # -- collaborators ---------------------------------------------------------------------
+
+    @property
+    def stop_book(self) -> StopBook:
+        """Why the server stopped last, and why its next stop happens."""
+        if self._stop_book is None:
+            self._stop_book = StopBook(self.who, self.log)
+        return self._stop_book
+
+    @property
+    def notice(self) -> str:
+        """Why the last server stopped, with what to do (hub home, spawn form; docs/lab.md)."""
+        return self.stop_book.notice
+
+    @property
+    def stop_reason(self) -> stops.StopReason | None:
+        """The same, structured (kind, message, todo, at), or None while none is known."""
+        return self.stop_book.reason
+
+    @property
+    def scale_out(self) -> ScaleOut:
+        if self._scale_out is None:
+            self._scale_out = ScaleOut(self, self.user.name)
+        return self._scale_out
+
+    @property
+    def workers(self) -> WorkerGroup:
+        """This server's worker group (docs/scale-out.md)."""
+        return self.scale_out.group
+
+    def save_state_now(self) -> None:
+        """The spawner's state, its group's with it, written to the hub's database now."""
+        save_spawner_state(self)
+
+    @property
+    def environment_choice(self) -> EnvironmentChoice:
+        """The environments of the settings, and this user's choice among them."""
+        return EnvironmentChoice(
+            self.environments,
+            backend_name=self.backend_name,
+            image_pattern=self.image_pattern,
+            user=self.user,
+            billing=self.billing,
+            catalog=self.catalog,
+        )
+
+    @property
+    def server_environment(self) -> Environment:
+        """The environment of the running (or starting) server; the default without one."""
+        key = self.record.environment if self.record is not None else ""
+        return self.environment_choice.environment_catalog.resolve(key)
+
+    async def environment_for(self, options: ServerOptions) -> tuple[Environment, ServerOptions]:
+        """The environment ``options`` ask for and the options fitted to it (400 otherwise:
+        :meth:`~.environment.EnvironmentChoice.environment_for`)."""
+        return await self.environment_choice.environment_for(options)
+
+    async def disks_to_mount(self) -> tuple[list, set[str]]:
+        """The disks attached to this server, read as it starts (they become its
+        ``mounted_disks`` and $GPUTAP_DISKS), and those attached to the user's others."""
+        disks, elsewhere = await disks_to_mount(self.disk_store, self.user.name, self.name)
+        self.mounted_disks = [{"name": d.name, "path": self.disk_path(d.name)} for d in disks]
+        if disks:
+            self.log.info("%s: mounting disks %s", self.who, ", ".join(d.name for d in disks))
+        return disks, elsewhere
+
+    async def attached_disks_view(self) -> list[dict[str, Any]]:
+        """The disks the running server mounted at its start, as the server API shows them."""
+        return [dict(d) for d in self.mounted_disks or []]
+
+    def _tell_desk(self) -> None:
+        """The fault desk posts its recoveries to the hub's API, which spawners know."""
+        desk = faults.desk()
+        if desk is not None and self.hub is not None and self.hub.api_url:
+            desk.api_url = self.hub.api_url
+
+    async def tell_why(
+        self, reason: stops.StopReason, wait_seconds: float = stops.ANNOUNCE_TIMEOUT_SECONDS
+    ) -> None:
+        """Keep why the server stops, and tell it before it goes (best effort)."""
+        server = getattr(self, "server", None)
+        await self.stop_book.tell(reason, server, self.api_token, wait_seconds)
 
     # -- names and clients ---------------------------------------------------------------
 
@@ -227,12 +254,11 @@ class GPUSpawnerMixin(
 
     # -- options ---------------------------------------------------------------------------
 
-    def options_applied(self, options: ServerOptions) -> None:
-        """Called with valid options before start(): a spawn that may wait in the queue gets
-        queue_timeout more to start."""
+    def allow_queue_time(self, may_wait: bool) -> None:
+        """Before start(): a spawn that may wait in the queue gets queue_timeout more."""
         if self._base_start_timeout is None:
             self._base_start_timeout = self.start_timeout
-        extra = self.queue_timeout if options.queue else 0
+        extra = self.queue_timeout if may_wait else 0
         self.start_timeout = self._base_start_timeout + extra
 
     def parse_server_options(self, user_options: dict[str, Any] | None) -> ServerOptions:
@@ -246,13 +272,17 @@ class GPUSpawnerMixin(
         """Learn what the backend holds before options are checked: the local backend's GPUs
         that the catalog does not know join it. Nothing by default."""
 
-    def validated_options(self) -> ServerOptions:
-        """The options ``apply_user_options`` validated; 400 saying what is wrong otherwise."""
-        if self.server_options is None and self.options_error is None:
-            apply_gpu_options(self, self.user_options)
-        if self.options_error is not None:
-            raise web.HTTPError(400, f"Invalid server options: {self.options_error}")
-        return self.server_options
+    async def start_request(self) -> ServerOptions:
+        """This start's options, parsed once, after :meth:`discover`; 400 saying what is
+        wrong."""
+        await self.discover()
+        error, self.options_error = self.options_error, None
+        try:
+            if error is not None:
+                raise RequestError(error)
+            return self.parse_server_options(self.user_options)
+        except RequestError as e:
+            raise web.HTTPError(400, f"Invalid server options: {e}") from None
 
     # -- the lifecycle ---------------------------------------------------------------------
 
@@ -278,13 +308,13 @@ class GPUSpawnerMixin(
 
     async def _start_placed(self):
         # not `_start`: KubeSpawner.start calls its own `_start`, which this would shadow
-        await self.discover()
-        options = self.validated_options()
+        options = await self.start_request()
         environment, options = await self.environment_for(options)
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"
         prices = await self.prices_for(price_view, price_class)
-        placement = await self.place_or_wait(options, free_view, prices)
+        start = Start(self.machine, self.metering, self.catalog, self.who, self.log)
+        placement = await self.place_or_wait(start, options, free_view, prices)
         # no await since the decision: the devices are taken before any other spawn decides
         record = ServerRecord(
             session_id=str(uuid.uuid4()),
@@ -294,8 +324,8 @@ class GPUSpawnerMixin(
             environment=environment.key,
             price_class=price_class,
         )
-        self.take_devices(placement, record)
-        self.record = record
+        self.record = start.take(placement, record)
+        self.before_launch(placement)
         where = f" on node {placement.node}" if placement.node else ""
         self.progress_note = f"matched {placement.offering.label}{where}"
         self.log.info(
@@ -303,25 +333,20 @@ class GPUSpawnerMixin(
             *(self.who, record.offering, record.count, where, price_class),
             ",".join(record.devices) or "no devices taken by the hub",
         )
-        self._launching, launched = True, False
+
+        async def launch() -> Any:
+            self.stop_book.set(None)  # admitted: why the last server stopped is old news
+            self.stop_book.next_because(None)
+            self._seen_alive = None
+            return await self.launch(placement)
+
+        self._launching = True
         try:
-            await self.metering.admit(record)
-            self.set_stop_reason(None)  # admitted: why the last server stopped is old news
-            self._seen_alive = self._next_stop = self._billed_until = None
-            url = await self.launch(placement)
-            launched = True
-            await self.metering.open(record, await self.launched_at())
-        except BaseException as e:
+            url = await start.run(
+                launch, lambda _url: self.launched_at(), partial(super().stop, now=True)
+            )
+        except BaseException:
             self.record = None
-            if launched:
-                await super().stop(now=True)
-            self.release_devices(record)
-            released = ",".join(record.devices) or "-"
-            self.log.info("%s: start failed, released %s", self.who, released)
-            self.wake_queue()
-            await self.metering.abandon(record)
-            if isinstance(e, BillingUnavailable | BillingRefused):
-                raise unavailable_error(e) from None
             raise
         finally:
             self._launching = False
@@ -334,18 +359,17 @@ class GPUSpawnerMixin(
         if self._launching:
             return await super().stop(now=now)  # the backend's own, in the middle of a start
         requested = clock.utcnow()
+        reason, billed_until = self.stop_book.take_next()
         # a GPU fault ended billing at its detection second, before the stop was asked
-        billed_until, self._billed_until = self._billed_until, None
         if billed_until is not None:
             requested = min(requested, billed_until)
         self._stop_requested = requested
         record = self.record
-        reason, self._next_stop = self._next_stop or stops.from_hub, None
         if record is not None:  # a running server (a dead one was settled by poll)
             why = reason(requested)
             if why is not self.stop_reason:  # a fault's reason was told before its grace
-                await self._tell_why(why)
-            await self.stop_group(f"The server stopped: {self.stop_reason.message}")
+                await self.tell_why(why)
+            await self.scale_out.stop(f"The server stopped: {self.stop_reason.message}")
         try:
             await super().stop(now=now)
         finally:
@@ -366,7 +390,7 @@ class GPUSpawnerMixin(
         settled here, the hub calls no stop for it."""
         record = self.record
         self._tell_desk()
-        self.resume_group()
+        self.scale_out.resume()
         status = await super().poll()
         now = clock.utcnow()
         if status is None and record is not None:
@@ -377,9 +401,9 @@ class GPUSpawnerMixin(
             # billed until it was last seen alive, not until this poll noticed, unless the
             # backend saw when it ended (stopped(), died=True)
             alive = min(max(self._seen_alive or now, record.started_at or now), now)
-            self.set_stop_reason(stops.died(alive))
+            self.stop_book.set(stops.died(alive))
             self.log.info("%s: exited by itself (last seen alive %s)", self.who, alive)
-            await self.stop_group("The server exited by itself.")
+            await self.scale_out.stop("The server exited by itself.")
             await self._finish(record, alive, died=True)
         return status
 
@@ -395,7 +419,10 @@ class GPUSpawnerMixin(
         their own), its billing session closed when it really ended, once. ``requested``:
         when the stop was asked, or (``died``) when a server found gone was last seen
         alive."""
-        self.release_devices(record, still_running)
+        if still_running:
+            self.keep_devices(record)
+        else:
+            self.machine.release(record, self.who)
         self.wake_queue()
         if record.session_id == self._settled_session:
             return
@@ -412,7 +439,15 @@ class GPUSpawnerMixin(
     # -- backend hooks (the module's docstring says what each does) ------------------------
 
     # required of every backend, with gpu_free_view() and disk_store / disk_path():
-    # gpu_views, take_devices, release_devices and launch; these have defaults:
+    # machine, gpu_views and launch; these have defaults:
+
+    def before_launch(self, placement: Placement) -> None:
+        """Right after the devices were taken: nothing by default."""
+
+    def keep_devices(self, record: ServerRecord) -> None:
+        """After a stop, the server may still run: its devices stay taken unless the backend
+        cannot tell (then they go back)."""
+        self.machine.release(record, self.who)
 
     async def launched_at(self) -> datetime:
         """When the server started running (billing starts there): now, unless the backend
@@ -429,9 +464,6 @@ class GPUSpawnerMixin(
         gone was last seen alive), unless the backend knows better."""
         return requested
 
-    def claim_devices(self, record: ServerRecord) -> None:
-        """A re-attached server's devices: nothing to claim unless the backend holds some."""
-
     # -- state across hub restarts -----------------------------------------------------------
 
     def get_state(self) -> dict[str, Any]:
@@ -440,11 +472,8 @@ class GPUSpawnerMixin(
             state["gputap"] = self.record.to_state()
         if self.mounted_disks is not None:
             state["gputap_disks"] = self.mounted_disks
-        if self.notice:
-            state["gputap_notice"] = self.notice
-        if self.stop_reason is not None:
-            state["gputap_stop"] = self.stop_reason.view()
-        self.group_state(state)
+        self.stop_book.to_state(state)
+        self.scale_out.to_state(state)
         return state
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -453,12 +482,10 @@ class GPUSpawnerMixin(
         self.record = ServerRecord.from_state(saved) if saved else None
         disks = state.get("gputap_disks")
         self.mounted_disks = [dict(d) for d in disks] if disks is not None else None
-        self.notice = state.get("gputap_notice", "")
-        saved_stop = state.get("gputap_stop")
-        self.stop_reason = stops.StopReason.from_view(saved_stop) if saved_stop else None
+        self.stop_book.load_state(state)
         if self.record is not None:
-            self.claim_devices(self.record)
-        self.load_group_state(state)
+            self.machine.claim(self.record, self.who)
+        self.scale_out.load_state(state)
 
     def clear_state(self) -> None:
         super().clear_state()
@@ -469,25 +496,29 @@ class GPUSpawnerMixin(
         env = super().get_env()
         # the Lab extension shows the server's disks from here
         env["GPUTAP_DISKS"] = json.dumps(self.mounted_disks or [])
+        # which environment the server runs, for the Lab extension and the user's own code
+        env["GPUTAP_ENVIRONMENT"] = self.server_environment.key
+        env.update(apps_env(self.apps, self.record.environment if self.record else ""))
         return env
 
     # -- placement and the queue -------------------------------------------------------------
 
     async def place_or_wait(
-        self, options: ServerOptions, free_view: Callable[[], FreeView], prices: dict[str, int]
+        self,
+        start: Start,
+        options: ServerOptions,
+        free_view: Callable[[], FreeView],
+        prices: dict[str, int],
     ) -> Placement:
         """Place now, or (``queue`` asked) wait first come first served for at most
         queue_timeout seconds; see :func:`spawner.lifecycle.placing.place_or_wait`."""
-        return await placing.place_or_wait(
+        return await start.place(
             options.request,
-            holder=self.who,
-            may_wait=options.queue,
-            catalog=self.catalog,
             free_view=free_view,
             prices=prices,
+            may_wait=options.queue,
             wait_seconds=self.queue_timeout,
             note=self._queue_note,
-            wake=self.wake_queue,
         )
 
     def _queue_note(self, note: str) -> None:
@@ -510,13 +541,9 @@ class GPUSpawnerMixin(
         return placing.decide_in_turn(options.request, self.who, view, self.catalog, prices)
 
     def wake_queue(self) -> None:
-        """Wake whoever is first in line if what they wait for fits now (backends say
+        """Wake whoever is first in line if what they wait for fits now (the machine says
         what is free: on Kubernetes, what an on-demand server could take)."""
-        placing.queues.poke(self.queue_view())
-
-    def queue_view(self) -> FreeView:
-        """What waiting spawns may take; backends override (the mixin knows no inventory)."""
-        return FreeView()
+        placing.queues.poke(self.machine.queue_view())
 
     async def progress(self):
         """Spawn progress: where the spawn stands in the queue, what it was matched to."""
@@ -528,57 +555,30 @@ class GPUSpawnerMixin(
                 yield {"progress": 10 if self.queue_note else 30, "message": note}
             await asyncio.sleep(0.5)
 
-    # -- prices, choices and the form ----------------------------------------------------------
+    # -- prices, choices and the form (spawner/lifecycle/offers.py) ----------------------------
 
     async def prices_for(self, view: FreeView, price_class: str = "on-demand") -> dict[str, int]:
         """Prices of everything this inventory holds, from billing (503 if unreachable)."""
-        return (await self.price_book_for(view, price_class))[0]
-
-    async def price_book_for(
-        self, view: FreeView, price_class: str = "on-demand"
-    ) -> tuple[dict[str, int], int]:
-        """Prices of everything this inventory holds and billing's spot discount (percent)."""
-        try:
-            return await self.billing.price_book(sorted(view.keys()) + [CPU_KEY], price_class)
-        except BillingUnavailable as e:
-            raise unavailable_error(e) from None
-        except BillingRefused as e:
-            raise web.HTTPError(
-                502, f"Billing refused to give prices, so no server can start now: {e.message}"
-            ) from None
+        return (await offers.price_book(self.billing, view, price_class))[0]
 
     async def choices(self, own_free: bool = False) -> tuple[list[Choice], bool, int]:
         """The form's options, whether the cards are simulated, and the spot discount.
 
         ``own_free``: count what this server holds as free (what it could change to)."""
         view, simulated = await (self.change_free_view() if own_free else self.gpu_free_view())
-        prices, spot_discount = await self.price_book_for(view)
+        prices, spot_discount = await offers.price_book(self.billing, view)
         return build_choices(view, self.catalog, prices), simulated, spot_discount
 
     async def _gputap_options_form(self, spawner=None) -> str:
-        try:
-            account = await self.billing.open_account(self.user.name)
-            courses = course_offers(await self.billing.courses(self.user.name))
-            terms = await self.billing.price_list([CPU_KEY])
-        except (BillingUnavailable, BillingRefused) as e:
-            raise unavailable_error(e) from None
-        choices, simulated, spot_discount = await self.choices()
-        credit = credit_of(account, int(terms.get("min_billable_seconds") or 0))
-        # the refusal of this user's last start from the form, shown once
-        refused = refusals.take(self.user.name)
-        return render_form(
-            choices,
-            credit=credit,
-            simulated=simulated,
+        return await offers.options_form(
+            self.billing,
+            self.user.name,
+            self.choices,
+            self.environment_choice.environment_picker,
             preview_url=self.hub.base_url + PREVIEW_PATH,
-            spot_discount_percent=spot_discount if self.offers_spot else None,
+            offers_spot=self.offers_spot,
             offer_similar_on_fault=self.fault_restart == "allowed",
             notice=self.notice,
-            courses=courses,
-            refused=refused and with_alternatives(refused, choices, credit),
-            picker=self.environment_picker(
-                [c.slug for c in courses], dict(refused.options) if refused else None
-            ),
         )
 
     async def preview(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -589,8 +589,4 @@ class GPUSpawnerMixin(
             return {"ok": False, "message": f"Invalid request: {e}"}
         view, simulated = await self.gpu_free_view()
         prices = await self.prices_for(view)
-        try:
-            answer = place(request, view, self.catalog, prices)
-        except RequestError as e:
-            return {"ok": False, "message": str(e)[:1].upper() + str(e)[1:] + "."}
-        return preview_answer(answer, simulated)
+        return offers.preview(request, self.catalog, view, simulated, prices)

@@ -1,9 +1,9 @@
-"""ScaleOutMixin: a server's worker group as part of its spawner (docs/scale-out.md).
+"""A server's scale-out: its worker group as a collaborator of its spawner (docs/scale-out.md).
 
-The group lives on the spawner (``workers``), is saved in its state beside the server's record
-(``gputap_workers``) and picked up again after a hub restart at the first poll, and stops
-before the server does. Backends provide ``worker_backend()``, a
-:class:`~.workers.WorkerBackend`.
+The group (:class:`~.workers.WorkerGroup`) is made on first use, saved in the spawner's state
+beside the server's record (``gputap_workers``), picked up again after a hub restart at the
+first poll, and stopped before the server is. The spawner is the group's owner
+(:class:`~.workers.GroupOwner`): its machine, billing, catalog and backend for workers.
 """
 
 from __future__ import annotations
@@ -11,75 +11,58 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import inspect
-from traitlets import Integer
-from traitlets.config import LoggingConfigurable
 
 from ..core.placement import parse_request
-from .workers import WorkerGroup
+from .workers import GroupOwner, WorkerGroup
 
 STATE_KEY = "gputap_workers"
 
 
-class ScaleOutMixin(LoggingConfigurable):
-    """The worker-group part of :class:`~.mixin.GPUSpawnerMixin`."""
+class ScaleOut:
+    """The worker group of ``owner``'s server (``user``'s), and its saved state."""
 
-    max_workers = Integer(
-        8,
-        config=True,
-        help="""Most workers one server's group may have (scale_out.max_workers); 0: no
-        scale-out.
-
-        c.GPUSpawnerMixin.max_workers = 16
-        """,
-    )
-
-    worker_idle_seconds = Integer(
-        600,
-        config=True,
-        help="""A group on which no job ran for this long is stopped, billing with it
-        (scale_out.idle_seconds); 0: never.
-
-        c.GPUSpawnerMixin.worker_idle_seconds = 900
-        """,
-    )
-
-    _group: WorkerGroup | None = None
-    #: the group as saved, until the first poll after a hub restart picks it up
-    _saved_group: dict[str, Any] | None = None
+    def __init__(self, owner: GroupOwner, user: str):
+        self.owner = owner
+        self.user = user
+        self._group: WorkerGroup | None = None
+        #: the group as saved, until the first poll after a hub restart picks it up
+        self._saved: dict[str, Any] | None = None
 
     @property
-    def workers(self) -> WorkerGroup:
+    def group(self) -> WorkerGroup:
         if self._group is None:
-            self._group = WorkerGroup(self, self.user.name)
+            self._group = WorkerGroup(self.owner, self.user)
         return self._group
 
-    def save_state_now(self) -> None:
-        """Write the spawner's state (the group's with it) to the hub's database now: a
-        worker started or ended between the hub's own saves is not forgotten by a restart."""
-        orm = getattr(self, "orm_spawner", None)
-        if orm is None:
-            return
-        orm.state = self.get_state()
-        session = inspect(orm).session
-        if session is not None:
-            session.commit()
-
-    def group_state(self, state: dict[str, Any]) -> None:
+    def to_state(self, state: dict[str, Any]) -> None:
         """Add the group to the state the spawner saves."""
-        saved = self._group.to_state() if self._group is not None else self._saved_group
+        saved = self._group.to_state() if self._group is not None else self._saved
         if saved:
             state[STATE_KEY] = saved
 
-    def load_group_state(self, state: dict[str, Any]) -> None:
-        self._saved_group = state.get(STATE_KEY) or None
+    def load_state(self, state: dict[str, Any]) -> None:
+        self._saved = state.get(STATE_KEY) or None
 
-    def resume_group(self) -> None:
+    def resume(self) -> None:
         """The saved group, watched again (called from the first poll after a restart)."""
-        saved, self._saved_group = self._saved_group, None
+        saved, self._saved = self._saved, None
         if saved:
-            self.workers.load_state(saved, lambda options: parse_request(options, self.catalog))
+            catalog = self.owner.catalog
+            self.group.load_state(saved, lambda options: parse_request(options, catalog))
 
-    async def stop_group(self, reason: str) -> None:
+    async def stop(self, reason: str) -> None:
         """Stop every worker before the server goes (their sessions end at this moment)."""
         if self._group is not None and self._group.active:
             await self._group.stop(reason)
+
+
+def save_spawner_state(spawner: Any) -> None:
+    """Write ``spawner``'s state (its group's with it) to the hub's database now: a worker
+    started or ended between the hub's own saves is not forgotten by a restart."""
+    orm = getattr(spawner, "orm_spawner", None)
+    if orm is None:
+        return
+    orm.state = spawner.get_state()
+    session = inspect(orm).session
+    if session is not None:
+        session.commit()

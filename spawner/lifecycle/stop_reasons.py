@@ -1,64 +1,81 @@
-"""StopReasons: why a spawner's server stops, kept and told (spawner/lifecycle/stops.py), and
-what a GPU fault changes about the next stop (docs/gpu-faults.md): a part of
-:class:`~.mixin.GPUSpawnerMixin`."""
+"""A server's stop book: why it stopped (spawner/lifecycle/stops.py), kept across hub restarts
+in the spawner's state and told to the running server before it goes, and what the next stop
+is for (a change, an admin, a GPU fault, which also ends billing at its detection second).
+
+:class:`StopBook` is a collaborator of :class:`~.mixin.GPUSpawnerMixin`: the stop endpoint, a
+change and a recovery write the next stop's reason into it; the mixin's ``stop`` and ``poll``
+read it.
+"""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
+from typing import Any
 
-from traitlets import Unicode
-from traitlets.config import LoggingConfigurable
-
-from . import faults, stops
+from . import stops
 
 
-class StopReasons(LoggingConfigurable):
-    """Why the server stopped (``stop_reason``, the hub's ``notice``), and the fault desk's
-    link to the hub."""
+class StopBook:
+    """Why ``who``'s server stopped last (``reason``, shown as ``notice``), and why and until
+    when its next stop is billed."""
 
-    #: why the next stop happens, when whoever asks for it said (gputap's stop endpoint)
-    _next_stop: stops.Pending | None = None
-    #: where the next stop's billing ends, when earlier than the stop (a GPU fault)
-    _billed_until: datetime | None = None
+    def __init__(self, who: str, log: logging.Logger | logging.LoggerAdapter):
+        self.who = who
+        self.log = log
+        self.reason: stops.StopReason | None = None
+        #: why the next stop happens, when whoever asks for it said (gputap's stop endpoint)
+        self.next: stops.Pending | None = None
+        #: where the next stop's billing ends, when earlier than the stop (a GPU fault)
+        self.billed_until: datetime | None = None
+        #: a notice saved without its reason (a state written before reasons were kept)
+        self._notice = ""
 
-    fault_restart = Unicode(
-        "same",
-        config=True,
-        help="""After a GPU fault (faults.restart; docs/gpu-faults.md): "same" starts the
-        server again on the same request, "allowed" also offers users the choice of a
-        similar free GPU in advance (the spawn form's on_fault), "off" does not restart.
+    @property
+    def notice(self) -> str:
+        """Why the last server stopped, with what to do (hub home, spawn form; docs/lab.md)."""
+        return self.reason.notice if self.reason else self._notice
 
-        c.GPUSpawnerMixin.fault_restart = "allowed"
-        """,
-    )
-
-    def _tell_desk(self) -> None:
-        """The fault desk posts its recoveries to the hub's API, which spawners know."""
-        desk = faults.desk()
-        if desk is not None and self.hub is not None and self.hub.api_url:
-            desk.api_url = self.hub.api_url
-
-    def stop_next_because(
+    def next_because(
         self, reason: stops.Pending | None, billed_until: datetime | None = None
     ) -> None:
         """Record why the stop about to be asked happens (gputap's stop endpoint, a change);
         ``billed_until``: the session ends there, not when the stop is asked (a GPU fault:
         nothing is billed on a broken GPU)."""
-        self._next_stop = reason
-        self._billed_until = billed_until
+        self.next = reason
+        self.billed_until = billed_until
 
-    def set_stop_reason(self, reason: stops.StopReason | None) -> None:
-        """Keep why the server stopped (None: forget it) and the notice the hub shows."""
-        self.stop_reason = reason
-        self.notice = reason.notice if reason else ""
+    def take_next(self) -> tuple[stops.Pending, datetime | None]:
+        """The next stop's reason (the hub's own when nobody said) and billing's end, once."""
+        reason, billed_until = self.next or stops.from_hub, self.billed_until
+        self.next = self.billed_until = None
+        return reason, billed_until
 
-    async def _tell_why(
-        self, reason: stops.StopReason, wait_seconds: float = stops.ANNOUNCE_TIMEOUT_SECONDS
+    def set(self, reason: stops.StopReason | None) -> None:
+        """Keep why the server stopped (None: forget it)."""
+        self.reason, self._notice = reason, ""
+
+    async def tell(
+        self,
+        reason: stops.StopReason,
+        server: Any,
+        token: str,
+        wait_seconds: float = stops.ANNOUNCE_TIMEOUT_SECONDS,
     ) -> None:
-        """Keep the reason, and tell the running server before it goes (best effort, at
+        """Keep the reason, and tell the running ``server`` before it goes (best effort, at
         most ``wait_seconds``)."""
-        self.set_stop_reason(reason)
+        self.set(reason)
         self.log.info("%s: stopping (%s): %s", self.who, reason.kind, reason.message)
-        server = getattr(self, "server", None)
-        if server is not None and self.api_token:
-            await stops.announce(server.url, self.api_token, reason, self.log, wait_seconds)
+        if server is not None and token:
+            await stops.announce(server.url, token, reason, self.log, wait_seconds)
+
+    def to_state(self, state: dict[str, Any]) -> None:
+        if self.notice:
+            state["gputap_notice"] = self.notice
+        if self.reason is not None:
+            state["gputap_stop"] = self.reason.view()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        saved = state.get("gputap_stop")
+        self.reason = stops.StopReason.from_view(saved) if saved else None
+        self._notice = state.get("gputap_notice", "")

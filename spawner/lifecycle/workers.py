@@ -24,6 +24,7 @@ from gputap_common import clock
 from gputap_common.bodies import shown
 from gputap_common.money import format_credits
 
+from ..core.catalog import Catalog
 from ..core.placement import FreeView, Placement, Refusal, Request
 from ..core.record import ServerRecord
 from ..core.workers import (
@@ -40,11 +41,13 @@ from ..core.workers import (
     WorkerRequest,
     parse_time,
     request_view,
+    worker_holder,
 )
-from . import placing
 from .agent import AgentClient, AgentUnavailable
-from .billing_client import BillingRefused, BillingUnavailable, unavailable_error
+from .billing_client import BillingClient
+from .machine import Machine
 from .metering import Metering
+from .starting import Start
 
 #: how often the group asks its agents how they are (busy, GPU use)
 STATUS_SECONDS = 2.0
@@ -58,12 +61,6 @@ class WorkerBackend(Protocol):
     async def views(self, request: Request) -> tuple[Callable[[], FreeView], FreeView]:
         """What is free for a worker (a callable placement reads) and the view priced."""
 
-    def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
-        """Take what placement chose for the worker, synchronously."""
-
-    def release(self, record: ServerRecord, holder: str) -> None:
-        """Give the worker's devices back."""
-
     async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
         """Start the worker's agent; where it will answer (host, port)."""
 
@@ -73,9 +70,9 @@ class WorkerBackend(Protocol):
     async def stop(self, worker: Worker) -> None:
         """Ask the worker to end (``wait`` returns once it has)."""
 
-    def still_runs(self, worker: Worker, holder: str) -> bool:
+    def still_runs(self, worker: Worker) -> bool:
         """After a hub restart: whether the worker saved in the state still runs (its
-        devices are then claimed again, for ``holder``)."""
+        devices are then claimed again)."""
 
     def rendezvous_host(self) -> str:
         """The notebook's address as the workers reach it."""
@@ -88,9 +85,12 @@ class GroupOwner(Protocol):
     name: str
     record: ServerRecord | None
     log: Any
-    catalog: Any
-    billing: Any
+    catalog: Catalog
+    billing: BillingClient
     worker_idle_seconds: int
+
+    @property
+    def machine(self) -> Machine: ...
 
     def worker_backend(self) -> WorkerBackend: ...
 
@@ -115,6 +115,8 @@ class WorkerGroup:
         self._tasks: set[asyncio.Task] = set()
         #: each worker's life (placing, launching, watching it), by index
         self._lives: dict[int, asyncio.Task] = {}
+        #: each starting worker's way through the start pipeline, by index
+        self._starts: dict[int, Start] = {}
         #: workers whose agent sent a malformed status (logged once each)
         self._garbled: set[int] = set()
 
@@ -150,11 +152,22 @@ class WorkerGroup:
         )
 
     def holder(self, worker: Worker) -> str:
-        return f"{self.owner.who}#{worker.name}"
+        return worker_holder(self.owner.who, worker.name)
 
     def metering(self, worker: Worker) -> Metering:
         owner = self.owner
         return Metering(owner.billing, self.user, owner.name, self.holder(worker), owner.log)
+
+    def _start_of(self, worker: Worker) -> Start:
+        """The worker's start (spawner/lifecycle/starting.py), made as it is placed."""
+        start = self._starts.get(worker.index)
+        if start is None:
+            owner = self.owner
+            start = Start(
+                owner.machine, self.metering(worker), owner.catalog, self.holder(worker), owner.log
+            )
+            self._starts[worker.index] = start
+        return start
 
     # -- asking for workers -----------------------------------------------------------------
 
@@ -214,8 +227,7 @@ class WorkerGroup:
         """Place and admit every new worker now, or none: a refusal gives back what the
         others took."""
         request = self.request.request
-        backend = self.owner.worker_backend()
-        free_view, price_view = await backend.views(request)
+        free_view, price_view = await self.owner.worker_backend().views(request)
         prices = await self.owner.prices_for(price_view)
         taken: list[Worker] = []
         try:
@@ -223,9 +235,7 @@ class WorkerGroup:
                 if worker.state != PLACING:
                     continue  # stopped while the views and prices were asked for
                 # no await between deciding and taking: no other spawn decides in between
-                answer = placing.decide_in_turn(
-                    request, self.holder(worker), free_view(), self.owner.catalog, prices
-                )
+                answer = self._start_of(worker).decide(request, free_view(), prices)
                 if isinstance(answer, Refusal):
                     placed = f" ({n} could be placed)" if n else ""
                     raise web.HTTPError(
@@ -237,12 +247,10 @@ class WorkerGroup:
                 taken.append(worker)
             for worker in taken:
                 if worker.state == STARTING:
-                    await self._admit(worker)
+                    await self._start_of(worker).admit()
         except BaseException:
             for worker in taken:
-                self.owner.worker_backend().release(worker.record, self.holder(worker))
-                await self.metering(worker).abandon(worker.record)
-            self.owner.wake_queue()
+                await self._starts.pop(worker.index).give_back()
             raise
 
     def _take(self, worker: Worker, placement: Placement, server: ServerRecord) -> None:
@@ -257,40 +265,31 @@ class WorkerGroup:
         worker.label = placement.offering.label
         worker.placement = placement
         worker.handle["price_per_hour_micro"] = placement.price_per_hour_micro
-        self.owner.worker_backend().take(placement, worker.record, self.holder(worker))
+        self._start_of(worker).take(placement, worker.record)
         worker.set(STARTING, f"placed on {placement.offering.label}")
-
-    async def _admit(self, worker: Worker) -> None:
-        try:
-            await self.metering(worker).admit(worker.record)
-        except (BillingUnavailable, BillingRefused) as e:
-            raise unavailable_error(e) from None
 
     async def _place_and_run(self, worker: Worker, server: ServerRecord) -> None:
         """A worker that may wait in the queue: placed when its offering is free, then run."""
         request = self.request.request
-        backend = self.owner.worker_backend()
+        start = self._start_of(worker)
         try:
-            free_view, price_view = await backend.views(request)
+            free_view, price_view = await self.owner.worker_backend().views(request)
             prices = await self.owner.prices_for(price_view)
 
             def note(text: str) -> None:
                 if text and worker.state in (PLACING, WAITING):
                     worker.set(WAITING, text)
 
-            placement = await placing.place_or_wait(
+            placement = await start.place(
                 request,
-                holder=self.holder(worker),
-                may_wait=True,
-                catalog=self.owner.catalog,
                 free_view=free_view,
                 prices=prices,
+                may_wait=True,
                 wait_seconds=3600,
                 note=note,
-                wake=self.owner.wake_queue,
             )
             self._take(worker, placement, server)
-            await self._admit(worker)
+            await start.admit()
         except asyncio.CancelledError:
             self._give_back(worker)
             raise
@@ -302,31 +301,45 @@ class WorkerGroup:
         await self._run(worker)
 
     def _give_back(self, worker: Worker) -> None:
-        if worker.record is not None:
-            self.owner.worker_backend().release(worker.record, self.holder(worker))
-            self._spawn(self.metering(worker).abandon(worker.record))
-            self.owner.wake_queue()
+        """The failure path of a start that cannot wait (a cancelled one): the devices back
+        now, billing's hold released in the background."""
+        start = self._starts.pop(worker.index, None)
+        if start is not None:
+            start.give_back_soon(self._spawn)
 
     # -- one worker's life ------------------------------------------------------------------
 
     async def _run(self, worker: Worker) -> None:
-        """Launch, wait until its agent answers, open its session, then watch it to its end."""
+        """Launch, wait until its agent answers, open its session (the start pipeline's
+        last steps), then watch it to its end."""
         backend = self.owner.worker_backend()
-        log, who = self.owner.log, f"{self.owner.who}#{worker.name}"
-        ended: asyncio.Task | None = None
-        try:
-            worker.host, worker.port = await backend.launch(worker, self.token)
-            ended = asyncio.ensure_future(backend.wait(worker))
-            await self._until_ready(worker, ended)
-            started = clock.utcnow()
-            await self.metering(worker).open(worker.record, started)
-        except BaseException as e:
+        log, who = self.owner.log, self.holder(worker)
+        ended: asyncio.Future | None = None
+
+        async def stop() -> None:
             if ended is None or not ended.done():
                 with contextlib.suppress(Exception):
                     await backend.stop(worker)
             if ended is not None:
                 ended.cancel()
-            self._give_back(worker)
+
+        async def launch() -> datetime:
+            nonlocal ended
+            try:
+                worker.host, worker.port = await backend.launch(worker, self.token)
+                ended = asyncio.ensure_future(backend.wait(worker))
+                await self._until_ready(worker, ended)
+            except BaseException:
+                await stop()
+                raise
+            return clock.utcnow()
+
+        async def ready_at(at: datetime) -> datetime:
+            return at
+
+        try:
+            started = await self._starts.pop(worker.index).run(launch, ready_at, stop)
+        except BaseException as e:
             if isinstance(e, asyncio.CancelledError):
                 worker.set(STOPPED, worker.reason)
                 raise
@@ -376,7 +389,7 @@ class WorkerGroup:
             worker.set(STOPPED, worker.reason)
         else:
             worker.set(FAILED, f"It {how} at {end:%H:%M:%S} UTC; the rest of the group runs on.")
-        self.owner.worker_backend().release(record, self.holder(worker))
+        self.owner.machine.release(record, self.holder(worker))
         self.owner.wake_queue()
         result = await self.metering(worker).settle(record, worker.ended_at)
         billed = result.get("billed_seconds") if result else "(pending)"
@@ -534,7 +547,8 @@ class WorkerGroup:
             self.workers[worker.index] = worker
             if worker.record is None:
                 continue
-            if worker.state == READY and backend.still_runs(worker, self.holder(worker)):
+            if worker.state == READY and backend.still_runs(worker):
+                self.owner.machine.claim(worker.record, self.holder(worker))
                 worker.idle_since = clock.utcnow()
                 ended = asyncio.ensure_future(backend.wait(worker))
                 self._spawn(self._watch_until_end(worker, ended), worker)

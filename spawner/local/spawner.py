@@ -1,43 +1,41 @@
 """The one-machine backend: single-user servers as local processes, each with exclusive GPUs
 or MIG devices through ``CUDA_VISIBLE_DEVICES`` (device UUIDs).
 
-One :class:`DevicePool` per hub process holds which server has which device. Placement and
-taking devices happen in one synchronous step, so two concurrent spawns never get the same
-device. Devices are released when a server stops, when its start fails, and when a poll finds
-it dead. After a hub restart, ``load_state`` claims the devices of re-attached servers again.
+The machine's devices are a :class:`~.machine.LocalMachine`, one per hub process, which this
+spawner, its workers and the fault desk share. Placement and taking devices happen in one
+synchronous step, so two concurrent spawns never get the same device. Devices are released
+when a server stops, when its start fails, and when a poll finds it dead. After a hub restart,
+``load_state`` claims the devices of re-attached servers again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import pwd
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
-from ..core.catalog import Card, Catalog, discovered_card
+from ..core.catalog import Catalog
 from ..core.dirnames import safe_dirname
 from ..core.disks import HOME_FOLDER
 from ..core.placement import FreeView, Placement, ServerOptions
 from ..core.record import ServerRecord
 from ..core.shared_data import home_link, shared_data_env
-from ..lifecycle import faults
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
 from . import moves
 from .disks import LocalDiskStore, link_disks
 from .environments import singleuser_of
-from .health import LocalHealthWatcher
-from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
+from .inventory import DevicePool
+from .machine import DeviceSource, LocalMachine, local_machine
 from .reaper import reaper_command
 from .shared_data import link_shared_data
 from .workers import LocalWorkers
@@ -45,83 +43,6 @@ from .workers import LocalWorkers
 DEFAULT_INVENTORY_FILE = (
     Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
 )
-
-log = logging.getLogger(__name__)
-
-_pools: dict[tuple[str, str], DevicePool] = {}
-_pool_lock = asyncio.Lock()
-# when each NVML pool was last read (monotonic seconds)
-_read_at: dict[tuple[str, str], float] = {}
-# cards of the GPUs NVML found that the catalog does not know, by SKU
-_discovered: dict[str, Card] = {}
-_with_discovered: dict[tuple[int, tuple[str, ...]], Catalog] = {}
-# claims of re-attached servers that arrive before the pool exists: holder -> UUIDs
-_pending_claims: dict[str, list[str]] = {}
-
-
-async def machine_pool(
-    inventory: str, inventory_file: str, catalog: Catalog, exclude: list[str], node: str
-) -> DevicePool:
-    """This machine's device pool for the ``inventory`` mode and file, read on first use by
-    a spawner or, at hub start, for the fault desk (spawner/lifecycle/faults.py)."""
-    key = (inventory, inventory_file)
-    async with _pool_lock:
-        if key not in _pools:
-            devices = await read_devices(inventory, inventory_file, catalog, exclude)
-            pool = DevicePool(devices, node)
-            for holder, uuids in _pending_claims.items():
-                for device_uuid in pool.claim(uuids, holder):
-                    log.warning("%s: device %s is gone or taken", holder, device_uuid)
-            _pending_claims.clear()
-            desk = faults.desk()
-            if desk is not None:
-                desk.add_pool(pool)
-            _pools[key] = pool
-            kind = "simulated" if pool.simulated else "NVML"
-            log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
-        return _pools[key]
-
-
-async def start_health_watch(
-    desk: faults.FaultDesk,
-    spawner: dict[str, Any],
-    catalog: Catalog,
-    node: str,
-    inventory_file: str,
-) -> None:
-    """At hub start (spawner/lifecycle/faults.py): the device pool and the watcher of its
-    GPUs' health (NVML, or the simulated inventory's faults)."""
-    exclude = list(spawner["exclude_gpus"])
-    pool = await machine_pool(spawner["inventory"], inventory_file, catalog, exclude, node)
-    watcher = LocalHealthWatcher(
-        report=desk.report,
-        drain=desk.auto_drain,
-        mode="file" if pool.simulated else spawner["inventory"],
-        inventory_file=inventory_file,
-        catalog=catalog,
-        exclude=exclude,
-        node=pool.node,
-        poll_seconds=float(desk.settings["poll_seconds"]),
-        ignore_xids=set(desk.settings["ignore_xids"]),
-    )
-    watcher.start()
-    desk.watchers.append(watcher)
-
-
-async def read_devices(
-    inventory: str, inventory_file: str, catalog: Catalog, exclude: list[str]
-) -> list[Device]:
-    """A reading of this machine's devices (NVML in an executor: it blocks)."""
-    loop = asyncio.get_running_loop()
-    devices = await loop.run_in_executor(
-        None, load_local_devices, inventory, inventory_file, catalog, exclude
-    )
-    _read_at[(inventory, inventory_file)] = time.monotonic()
-    _discovered.clear()
-    _discovered.update(
-        (d.card, discovered_card(d.product, d.memory_mib)) for d in devices if not d.known
-    )
-    return devices
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
@@ -318,62 +239,23 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # -- inventory -----------------------------------------------------------------------
 
     @property
-    def _pool_key(self) -> tuple[str, str]:
-        return (self.inventory, self.inventory_file)
+    def machine(self) -> LocalMachine:
+        """This machine's devices, shared with every server, worker and the fault desk."""
+        return local_machine(
+            DeviceSource(
+                self.inventory, self.inventory_file, tuple(self.exclude_gpus), self.node_name
+            )
+        )
 
     async def pool(self) -> DevicePool:
-        """This machine's devices, read on first use (in an executor: NVML blocks) and, for
-        real GPUs, again by :meth:`reread`."""
-        return await machine_pool(
-            self.inventory,
-            self.inventory_file,
-            self.settings_catalog,
-            self.exclude_gpus,
-            self.node_name,
-        )
-
-    async def reread(self, pool: DevicePool) -> None:
-        """Read NVML's GPUs again when the last reading is older than
-        ``inventory_refresh_seconds`` (one reading for any number of spawns asking)."""
-        key = self._pool_key
-
-        def fresh() -> bool:
-            return time.monotonic() - _read_at.get(key, 0) < self.inventory_refresh_seconds
-
-        if pool.simulated or fresh():
-            return
-        async with _pool_lock:
-            if fresh():
-                return
-            try:
-                devices = await self._read_devices()
-            except InventoryUnavailable as e:
-                self.log.warning("GPU inventory not read again (%s): keeping the last reading", e)
-                _read_at[key] = time.monotonic()
-                return
-            added, gone = pool.update(devices)
-            if added or gone:
-                self.log.warning(
-                    "GPU inventory of %s changed: %d devices, new %s, gone %s",
-                    pool.node,
-                    len(devices),
-                    ",".join(added) or "none",
-                    ",".join(gone) or "none",
-                )
-
-    async def _read_devices(self) -> list[Device]:
-        return await read_devices(
-            self.inventory, self.inventory_file, self.settings_catalog, self.exclude_gpus
-        )
+        """This machine's devices, read on first use and, for real GPUs, again when older
+        than ``inventory_refresh_seconds``."""
+        return await self.machine.reread(self.settings_catalog, self.inventory_refresh_seconds)
 
     async def discover(self) -> None:
-        """Read the GPUs before options are checked: a card NVML found that the catalog does
-        not know may be what they ask for (options checked before the first reading are
-        checked again)."""
-        before = set(_discovered)
+        """Read the GPUs before options are parsed: a card NVML found that the catalog does
+        not know may be what they ask for."""
         await self.pool()
-        if set(_discovered) != before and self.options_error is not None:
-            self.server_options = self.options_error = None
 
     @property
     def settings_catalog(self) -> Catalog:
@@ -384,26 +266,14 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     def catalog(self) -> Catalog:
         """The settings' catalog plus the cards of GPUs it does not know (unpriced until an
         operator prices them)."""
-        base = super().catalog
-        if not _discovered:
-            return base
-        key = (id(base), tuple(sorted(_discovered)))
-        if key not in _with_discovered:
-            _with_discovered.clear()  # one reading's cards at a time
-            _with_discovered[key] = base.with_cards(_discovered.values())
-        return _with_discovered[key]
-
-    def queue_view(self) -> FreeView:
-        pool = _pools.get(self._pool_key)
-        return pool.free_view() if pool else FreeView()
+        return self.machine.catalog(super().catalog)
 
     async def gpu_free_view(self) -> tuple[FreeView, bool]:
-        pool = await self.pool()
+        pool = await self.machine.pool(self.settings_catalog)
         return pool.free_view(), pool.simulated
 
     async def change_free_view(self, spot: bool = False) -> tuple[FreeView, bool]:
         pool = await self.pool()
-        await self.reread(pool)
         return pool.free_view(as_free=self.who), pool.simulated
 
     # -- process environment --------------------------------------------------------------
@@ -470,45 +340,13 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def gpu_views(self, options: ServerOptions) -> tuple[Callable[[], FreeView], FreeView]:
         pool = await self.pool()
-        await self.reread(pool)
-        await self._check_processes(pool)
+        await self.machine.check_processes(pool)
         return pool.free_view, pool.free_view()
 
-    async def _check_processes(self, pool: DevicePool) -> None:
-        """Real GPUs that no server holds but that still run a process (one that outlived
-        its server, or was never gputap's) are not handed out until it ends: asked of NVML
-        before each start (in an executor: NVML blocks)."""
-        if pool.simulated:
-            return
-        loop = asyncio.get_running_loop()
-        busy = await loop.run_in_executor(None, nvml_busy, pool.unheld())
-        for device_uuid, pids in pool.mark_busy(busy).items():
-            self.log.warning(
-                "device %s is free but runs processes %s: not handed out until they end",
-                device_uuid,
-                ",".join(map(str, pids)),
-            )
-
-    def take_devices(
-        self, placement: Placement, record: ServerRecord, holder: str | None = None
-    ) -> None:
-        """Take the placement's devices for this server (or ``holder``: one of its workers)."""
-        pool = _pools[self._pool_key]  # gpu_views made it
-        record.devices = tuple(d.uuid for d in pool.take(placement, holder or self.who))
-        record.simulated = pool.simulated
-
-    def release_devices(
-        self, record: ServerRecord, still_running: bool = False, holder: str | None = None
-    ) -> None:
-        """Free the devices; a process that never died may still use its GPU, so then they
-        stay held under a name of their own."""
-        pool = _pools.get(self._pool_key)
-        if pool is None:
-            return
-        if still_running:
-            pool.rename(self.who, f"{self.who} (pid {self.pid} never died)")
-        else:
-            pool.release(holder or self.who)
+    def keep_devices(self, record: ServerRecord) -> None:
+        """A process that never died may still use its GPUs: they stay held under a name of
+        their own."""
+        self.machine.keep_held(self.who, f"{self.who} (pid {self.pid} never died)")
 
     async def launch(self, placement: Placement) -> tuple[str, int]:
         """Link the disks, start the process, and return once it answers HTTP (billing
@@ -538,16 +376,6 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def still_running(self) -> bool:
         return bool(self.pid) and await self._signal(0)
-
-    def claim_devices(self, record: ServerRecord, holder: str | None = None) -> None:
-        """A re-attached server's (or ``holder``'s, one of its workers) devices, held again."""
-        holder = holder or self.who
-        pools = list(_pools.values())
-        if not pools:
-            _pending_claims[holder] = list(record.devices)
-            return
-        for device_uuid in pools[0].claim(record.devices, holder):
-            self.log.warning("%s: device %s is gone or taken", holder, device_uuid)
 
     def worker_backend(self) -> LocalWorkers:
         """The backend of this server's workers (spawner/local/workers.py)."""

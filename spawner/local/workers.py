@@ -19,20 +19,17 @@ import socket
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jupyterhub.spawner import set_user_setuid
 
 from gputap_common import clock
 
-from ..core.placement import FreeView, Placement, Request
-from ..core.record import ServerRecord
+from ..core.environments import Environment
+from ..core.placement import FreeView, Request, ServerOptions
 from ..core.workers import Worker
 from .environments import singleuser_of
 from .reaper import reaper_command
-
-if TYPE_CHECKING:
-    from .spawner import GPULocalSpawner
 
 AGENT = "gputap-worker"
 #: how long a worker has to end after SIGTERM before its process group is killed
@@ -93,25 +90,38 @@ def _pid_runs_agent(pid: int) -> bool:
     return b"spawner.local.reaper" in cmdline and AGENT.encode() in cmdline
 
 
-class LocalWorkers:
-    """The one-machine backend of a server's workers."""
+class WorkerServer(Protocol):
+    """What workers take from their server's spawner (GPULocalSpawner): what is free, the
+    server's environment, user and home."""
 
-    def __init__(self, spawner: GPULocalSpawner):
+    who: str
+    cmd: list[str]
+    run_as_system_user: bool
+    home_dir: str
+    log: Any
+    user: Any
+
+    @property
+    def server_environment(self) -> Environment: ...
+
+    def get_env(self) -> dict[str, str]: ...
+
+    async def gpu_views(
+        self, options: ServerOptions
+    ) -> tuple[Callable[[], FreeView], FreeView]: ...
+
+
+class LocalWorkers:
+    """The one-machine backend of a server's workers (their devices are the machine's:
+    spawner/local/machine.py, taken through the start pipeline)."""
+
+    def __init__(self, spawner: WorkerServer):
         self.spawner = spawner
         self._procs: dict[int, asyncio.subprocess.Process] = {}
 
-    # -- devices --------------------------------------------------------------------------
-
     async def views(self, request: Request) -> tuple[Callable[[], FreeView], FreeView]:
-        pool = await self.spawner.pool()
-        await self.spawner.reread(pool)
-        return pool.free_view, pool.free_view()
-
-    def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
-        self.spawner.take_devices(placement, record, holder)
-
-    def release(self, record: ServerRecord, holder: str) -> None:
-        self.spawner.release_devices(record, holder=holder)
+        """What a worker may take: what a server asking the same could."""
+        return await self.spawner.gpu_views(ServerOptions(request))
 
     def rendezvous_host(self) -> str:
         return "127.0.0.1"
@@ -201,12 +211,9 @@ class LocalWorkers:
                 break
             await asyncio.sleep(0.1)
 
-    def still_runs(self, worker: Worker, holder: str) -> bool:
+    def still_runs(self, worker: Worker) -> bool:
         pid = int(worker.handle.get("pid") or 0)
-        if not pid or not _pid_runs_agent(pid):
-            return False
-        self.spawner.claim_devices(worker.record, holder)
-        return True
+        return bool(pid) and _pid_runs_agent(pid)
 
 
 def _alive(pid: int, proc: Any) -> bool:
@@ -216,5 +223,8 @@ def _alive(pid: int, proc: Any) -> bool:
 
 
 def _kill_group(pgid: int, sig: int) -> None:
+    """Signal a worker's process group: its own (start_new_session), never the hub's."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        return
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

@@ -6,13 +6,12 @@ import json
 
 import pytest
 import yaml
-from traitlets.config import Config, LoggingConfigurable, PyFileConfigLoader
+from traitlets.config import Config, PyFileConfigLoader
 
 from gputap_common.settings import SettingsError, load_settings
 from hub_config.hub import ROOT, apply
 from spawner.core.apps import check_apps, proxy_servers
-from spawner.core.record import ServerRecord
-from spawner.lifecycle.server_apps import AppsMixin
+from spawner.lifecycle.server_apps import apps_env
 
 SINGLEUSER = ROOT / "hub_config" / "singleuser"
 
@@ -239,19 +238,12 @@ def test_a_server_handed_no_apps_registers_none(monkeypatch, tmp_path):
 
 
 def test_a_spawner_hands_its_server_the_apps_of_its_environment(tmp_path):
-    class Backend(LoggingConfigurable):
-        def get_env(self) -> dict[str, str]:
-            return {"PATH": "/usr/bin"}
-
-    class Spawner(AppsMixin, Backend):
-        record = None
-
+    # what GPUSpawnerMixin.get_env adds for the server's environment ("": the default)
     apps = {"custom": {"vllm-ui": {"port": 7001, "environments": ["vllm"]}}}
-    spawner = Spawner(apps=started(tmp_path, apps, ENVIRONMENTS).GPUSpawnerMixin.apps)
-    env = spawner.get_env()
-    assert env["PATH"] == "/usr/bin" and set(json.loads(env["GPUTAP_APPS"])) == {"tensorboard"}
-    spawner.record = ServerRecord(session_id="s1", offering="cpu", count=1, environment="vllm")
-    assert set(json.loads(spawner.get_env()["GPUTAP_APPS"])) == {"tensorboard", "vllm-ui"}
+    loaded = started(tmp_path, apps, ENVIRONMENTS).GPUSpawnerMixin.apps
+    assert set(json.loads(apps_env(loaded, "")["GPUTAP_APPS"])) == {"tensorboard"}
+    handed = apps_env(loaded, "vllm")["GPUTAP_APPS"]
+    assert set(json.loads(handed)) == {"tensorboard", "vllm-ui"}
 
 
 def test_an_app_for_an_environment_the_hub_does_not_have_stops_it(tmp_path):

@@ -53,7 +53,7 @@ class Spawner(EnvironmentChoice):
     catalog = CATALOG
 
     def __init__(self, answer: Placement | Refusal) -> None:
-        super().__init__(environments=ENVIRONMENTS)
+        super().__init__(environments=ENVIRONMENTS, catalog=CATALOG)
         self.user = SimpleNamespace(name="alice", groups=[])
         self.answer = answer
         self.pending: str | None = None

@@ -40,7 +40,7 @@ class Spawner(EnvironmentChoice):
     catalog = CATALOG
 
     def __init__(self, billing, environments=ENVIRONMENTS, groups=()):
-        super().__init__(environments=environments)
+        super().__init__(environments=environments, catalog=CATALOG)
         self.billing = billing
         self.user = SimpleNamespace(name="stu", groups=[SimpleNamespace(name=g) for g in groups])
 

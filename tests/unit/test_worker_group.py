@@ -40,7 +40,8 @@ class Billing:
 
 
 class Backend:
-    """One machine with four free A100s; records what was taken and launched."""
+    """One machine with four free A100s (the workers' backend and the machine they take
+    devices from); records what was taken and launched."""
 
     def __init__(self):
         self.taken: set[str] = set()
@@ -57,6 +58,12 @@ class Backend:
     def release(self, record, holder):
         self.taken.discard(holder)
 
+    def claim(self, record, holder):
+        self.taken.add(holder)
+
+    def queue_view(self):
+        return FreeView()
+
     async def launch(self, worker, token):
         self.launched.append(worker.name)
         raise RuntimeError("not in this test")
@@ -67,7 +74,7 @@ class Backend:
     async def stop(self, worker):
         pass
 
-    def still_runs(self, worker, holder):
+    def still_runs(self, worker):
         return False
 
     def rendezvous_host(self):
@@ -85,6 +92,10 @@ class Owner:
         self.record = ServerRecord("s", "A100-80GB", 1, started_at=datetime.now(UTC))
         self.billing = Billing()
         self.backend = Backend()
+
+    @property
+    def machine(self):
+        return self.backend
 
     def worker_backend(self):
         return self.backend
