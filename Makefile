@@ -123,14 +123,20 @@ format: setup
 # `make test` takes the time of the slower half, not the sum; both must pass. Most tests wait
 # on real servers rather than compute, so they run in TEST_WORKERS processes, a test file
 # per process (its module fixtures, such as a started platform, stay shared).
-# Each test runs once, on the JupyterHub that runs its code in use: the one-machine tests on
-# .venv's (what `make demo` runs), the Kubernetes backend's (tests/kube) on the hub image's
-# Python set (test-jh55: the chart's hub is that image, docs/install-kubernetes.md).
+# Each test runs on the JupyterHub that runs its code in use: the one-machine tests and the
+# unit tests on .venv's (what `make demo` runs); the Kubernetes backend's (tests/kube) and the
+# chart's (tests/helm) on the hub image's Python set (test-jh55: the chart's hub is that
+# image, docs/install-kubernetes.md); GitHub login and the hub's own handlers, which both
+# hubs serve, on both. Every run ends with its DURATIONS slowest tests, setup and teardown
+# included, where CI's time goes.
 TEST_WORKERS ?= 4
-KUBE_TESTS := tests/kube
+DURATIONS := --durations=50
+IMAGE_ONLY_TESTS := tests/kube tests/helm
 test: setup setup-jh55 system-packages lint
-	@$(PY) -m pytest -m long -p no:cacheprovider > .pytest-long.log 2>&1 & long=$$!; \
-	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile --ignore=$(KUBE_TESTS); \
+	@$(PY) -m pytest -m long -p no:cacheprovider $(DURATIONS) > .pytest-long.log 2>&1 & \
+	long=$$!; \
+	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile $(DURATIONS) \
+	  $(addprefix --ignore=,$(IMAGE_ONLY_TESTS)); \
 	rest=$$?; \
 	wait $$long; long_rc=$$?; \
 	echo "--- long tests (-m long) ---"; cat .pytest-long.log; \
@@ -139,19 +145,20 @@ test: setup setup-jh55 system-packages lint
 	test $$rest -eq 0 -a $$long_rc -eq 0 -a $$jh55 -eq 0
 
 # The tests of what the hub image runs (z2jh 4.4.0's JupyterHub 5.5, KubeSpawner 7.1, ...), in
-# .venv-jh55: the Kubernetes backend and the API handlers on it (tests/kube, only here), the
-# chart's hub and its settings (tests/helm, tests/unit), and GitHub login (the chart's
-# login). The hub, billing and the servers they start are that venv's jupyterhub,
+# .venv-jh55: the Kubernetes backend and the API handlers on it (tests/kube), the chart's hub
+# and its settings (tests/helm), both only here, and GitHub login (the chart's login).
+# The hub, billing and the servers they start are that venv's jupyterhub,
 # jupyterhub-singleuser and KubeSpawner, as the chart's images hold them. GPUTAP_HUB_PINS makes
 # tests/helm/test_hub_pins.py check that this is so. The one-machine backend never runs on
 # the image, so its tests (tests/integration) run on .venv alone, but for those of the hub's
 # own handlers and scopes, which the chart's hub serves whatever its backend: the security of
-# every gputap endpoint (test_security_hub.py) and the server API (test_server_api.py).
-JH55_TESTS := tests/unit tests/kube tests/helm $(wildcard tests/integration/test_github_*.py) \
+# every gputap endpoint (test_security_hub.py) and the server API (test_server_api.py). The
+# unit tests (pure logic and configuration, no JupyterHub running) run once, on .venv.
+JH55_TESTS := $(IMAGE_ONLY_TESTS) $(wildcard tests/integration/test_github_*.py) \
   tests/integration/test_security_hub.py tests/integration/test_server_api.py
 test-jh55: setup-jh55 system-packages
 	GPUTAP_HUB_PINS=$(HUB_CONSTRAINTS) $(JH55_PY) -m pytest -m "not long" -p no:cacheprovider \
-	  -n $(TEST_WORKERS) --dist loadfile $(JH55_TESTS)
+	  -n $(TEST_WORKERS) --dist loadfile $(DURATIONS) $(JH55_TESTS)
 
 # what NVML reports, what gputap offers for it, and whether servers and the idle rule see the
 # GPUs right: run it on a GPU machine (README, "On a GPU machine")

@@ -199,7 +199,7 @@ def apply_shared(c: Any, settings: Settings, base_url: str) -> None:
     c.Spawner.default_url = spawner["default_url"]
     c.Spawner.start_timeout = spawner["start_timeout"]
     c.Spawner.http_timeout = spawner["start_timeout"]
-    c.Spawner.poll_interval = 10
+    c.Spawner.poll_interval = spawner["poll_interval_seconds"]
     # GPUSpawnerMixin is in both spawners' class hierarchy
     c.GPUSpawnerMixin.catalog_cards = settings.catalog["cards"]
     c.GPUSpawnerMixin.queue_timeout = spawner["queue_timeout"]

@@ -44,6 +44,9 @@ OPS_SCOPES = [
     "custom:gputap-billing:admin",
     "access:services",
 ]
+#: spawner.poll_interval_seconds of the tests' hubs: a server that dies is found gone within a
+#: second, not the default 10 s, so a test waits for that only as long as it takes
+POLL_SECONDS = 1
 
 
 def _ephemeral_ports() -> range:
@@ -129,7 +132,7 @@ class Platform:
                     *(services or []),
                 ],
             },
-            "spawner": {"start_timeout": 60},
+            "spawner": {"start_timeout": 60, "poll_interval_seconds": POLL_SECONDS},
             "billing": {
                 "port": self.billing_port,
                 "min_billable_seconds": 5,

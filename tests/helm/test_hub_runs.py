@@ -564,9 +564,10 @@ def the_hub_images_jupyterhub() -> bool:
     return Version(jupyterhub.__version__) == pins()["jupyterhub"]
 
 
-#: the chart's hub runs the hub image's JupyterHub, so every example runs there; on .venv's
-#: newer JupyterHub (what one machine runs, never the chart) the minimal example is enough to
-#: see the chart's configuration still starts it, and keeps `make test` within CI's time
+#: the chart's hub runs the hub image's JupyterHub, so every example runs there (`make test`
+#: runs this module there alone); run by hand on .venv's newer JupyterHub (what one machine
+#: runs, never the chart), the minimal example is enough to see the chart's configuration
+#: still starts it
 RUN = EXAMPLES if the_hub_images_jupyterhub() else [e for e in EXAMPLES if e.id == "minimal-sqlite"]
 
 

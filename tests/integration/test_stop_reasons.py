@@ -47,6 +47,13 @@ def started(platform, name: str, options: dict = CPU) -> str:
     return token
 
 
+def polled_alive(platform, name: str) -> None:
+    """Have the hub poll the user's running server now: JupyterHub polls a ready server before
+    it refuses to start it again (rather than waiting for its next periodic poll)."""
+    r = platform.spawn(name, CPU)
+    assert r.status_code == 400 and "is already running" in r.json()["message"], r.text
+
+
 def stop_view(platform, token: str, name: str) -> dict:
     r = gputap(platform, token, f"users/{name}/server")
     assert r.status_code == 200, r.text
@@ -118,7 +125,7 @@ def test_a_stop_through_the_hubs_own_api_reads_from_the_hub(platform):
 
 def test_a_server_that_dies_by_itself_says_so_and_is_billed_until_last_seen(platform):
     token = started(platform, "dora")
-    time.sleep(12)  # past a poll that found it alive (c.Spawner.poll_interval = 10)
+    polled_alive(platform, "dora")
     killed = datetime.now().astimezone()
     os.kill(platform.server("dora")["state"]["pid"], signal.SIGKILL)
     platform.wait_stopped("dora", timeout=40)

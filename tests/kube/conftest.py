@@ -27,7 +27,7 @@ from tests.helm.dockerfile import parse_dockerfile
 from tests.kube_sim.cluster import SimulatedCluster, admin_key
 from tests.kube_sim.cluster_thread import ClusterThread
 from tests.kube_sim.volumes import ImageUser
-from tests.platform import Platform
+from tests.platform import POLL_SECONDS, Platform
 
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,12 +201,14 @@ def kube_platform(
     root: Path,
     kubernetes: dict | None = None,
     namespace: str = NAMESPACE,
+    poll_seconds: int = POLL_SECONDS,
     **settings: Any,
 ) -> Platform:
     """The platform on ``cluster``'s Kubernetes backend, its servers in ``namespace``, with the
     hub's and billing's ServiceAccounts (the release's; their clients' default namespace the
-    servers'), and ``kubernetes`` (spawner.kubernetes keys) and ``settings`` (sections) beside
-    the tests' own; not yet started."""
+    servers'), the hub polling servers every ``poll_seconds``, and ``kubernetes``
+    (spawner.kubernetes keys) and ``settings`` (sections) beside the tests' own; not yet
+    started."""
     kubeconfig = cluster.write_kubeconfig(
         str(root / "kubeconfig"),
         namespace=namespace,
@@ -223,6 +225,7 @@ def kube_platform(
             "spawner": {
                 "backend": "kubernetes",
                 "start_timeout": 60,
+                "poll_interval_seconds": poll_seconds,
                 "kubernetes": {
                     "namespace": namespace,
                     # pods reach the host at the pod network's gateway, not its loopback

@@ -3,9 +3,22 @@
 import time
 from datetime import datetime
 
+import pytest
+
 from tests.billing.kube_pods import killing_times
-from tests.kube.conftest import BILLING_ACCOUNT, kube_api, user_of
+from tests.kube.conftest import BILLING_ACCOUNT, kube_api, kube_platform, user_of
 from tests.kube.test_kube_spawn import pod_of, reach
+
+
+@pytest.fixture(scope="module")
+def platform(cluster, tmp_path_factory):
+    """The hub polls servers every 10 s, as by default, not every second as in the other
+    tests: a pod gone between two polls must be far from the last poll that found it alive,
+    or its end at that poll could not be told from its end when it went."""
+    p = kube_platform(cluster, tmp_path_factory.mktemp("kube-resilience"), poll_seconds=10)
+    p.start()
+    yield p
+    p.shutdown()
 
 
 def live_pods(cluster, user):

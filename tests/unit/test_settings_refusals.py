@@ -111,6 +111,16 @@ def test_wrong_type_names_the_key_what_it_must_be_and_the_value(tmp_path):
     )
 
 
+def test_the_poll_interval_is_whole_seconds_from_one():
+    # JupyterHub's Spawner.poll_interval is an Integer; 0 would stop polling altogether
+    assert refusal(GPUTAP__SPAWNER__POLL_INTERVAL_SECONDS="0").endswith(
+        "spawner.poll_interval_seconds must be a whole number >= 1, not 0"
+    )
+    assert refusal(GPUTAP__SPAWNER__POLL_INTERVAL_SECONDS="0.5").endswith(
+        "spawner.poll_interval_seconds must be a whole number >= 1, not 0.5"
+    )
+
+
 def test_out_of_range_names_the_range(tmp_path):
     f = tmp_path / "gputap.yaml"
     assert refusal(tmp_path, {"hub": {"port": 70000}}) == (

@@ -181,6 +181,16 @@ def test_spawner_trait_defaults_are_the_schema_defaults(configured, setting, tar
     assert configured["local"][name][trait] == default
 
 
+def test_the_hub_polls_servers_as_often_as_the_setting_says(configured, tmp_path):
+    """JupyterHub's own default is 30 s; gputap's 10 s on both backends, or the setting."""
+    for backend, c in configured.items():
+        assert c.Spawner.poll_interval == 10, backend
+    c = Config()
+    environ = {"GPUTAP__DATA_DIR": str(tmp_path), "GPUTAP__SPAWNER__POLL_INTERVAL_SECONDS": "2"}
+    apply(c, load_settings(environ=environ))
+    assert c.Spawner.poll_interval == 2
+
+
 def test_the_command_checks_a_settings_file(tmp_path, capsys, monkeypatch):
     for name in [n for n in os.environ if n.startswith("GPUTAP")]:
         monkeypatch.delenv(name)
