@@ -257,7 +257,7 @@ class StopHandler(ServerAPIHandler):
             return self._answer(202)
         if spawner.pending == "rename":
             raise web.HTTPError(400, "Cannot stop a server while it is being renamed")
-        spawner.stop_next_because(self._why(user, spawner))
+        spawner.stop_book.next_because(self._why(user, spawner))
         if spawner.pending:  # interrupting a start, as JupyterHub's DELETE does
             self.log.warning("%s: start interrupted by a stop", spawner._log_name)
             if spawner._spawn_future:
@@ -266,7 +266,7 @@ class StopHandler(ServerAPIHandler):
         elif spawner.ready and await spawner.poll_and_notify() is None:
             await self.stop_single_user(user, server_name)
         else:
-            spawner.stop_next_because(None)  # not running: nothing stops, nothing recorded
+            spawner.stop_book.next_because(None)  # not running: nothing stops, nothing recorded
         self._answer(202 if spawner._stop_pending else 204)
 
     def _why(self, user: Any, spawner: Any) -> stops.Pending:

@@ -298,11 +298,11 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
         if died:
             at = max(ended or requested, requested)
             if ended is not None:
-                self.set_stop_reason(stops.died(at))
+                self.stop_book.set(stops.died(at))
         else:
             at = min(requested, ended or requested)
         if reason:
-            self.set_stop_reason(stops.preempted(reason, at))
+            self.stop_book.set(stops.preempted(reason, at))
             self.log.info("%s: %s", self.who, reason)
         return at
 

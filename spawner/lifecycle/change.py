@@ -342,7 +342,7 @@ async def _run(
     name = change.server
     await asyncio.sleep(ANSWER_GRACE_SECONDS)
     # the server (and its Lab page) hears that this stop is the user's own change
-    hub.spawner(user, name).stop_next_because(stops.for_change(change.reason))
+    hub.spawner(user, name).stop_book.next_because(stops.for_change(change.reason))
     try:
         await hub.stop(user, name)
     except Exception as e:

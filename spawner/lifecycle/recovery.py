@@ -132,18 +132,18 @@ async def _recover(
     grace = float(desk.settings["save_grace_seconds"])
     loop = asyncio.get_running_loop()
     told_by = loop.time() + grace
-    await spawner._tell_why(reason, wait_seconds=max(stops.ANNOUNCE_TIMEOUT_SECONDS, grace))
+    await spawner.tell_why(reason, wait_seconds=max(stops.ANNOUNCE_TIMEOUT_SECONDS, grace))
     await asyncio.sleep(max(0.0, told_by - loop.time()))
     if not spawner.active or spawner.record is not record:
         # stopped in the grace (by its user, the culler): its stop settled it; not restarted
         change.set(changes.DONE, "The server was stopped during the fault's grace.")
         book.note_outcome(fault.id, label, outcome="stopped")
         return
-    spawner.stop_next_because(lambda _at: reason, billed_until=billed_until)
+    spawner.stop_book.next_because(lambda _at: reason, billed_until=billed_until)
     try:
         await hub.stop(user, server_name)
     except Exception as e:
-        spawner.stop_next_because(None)  # not this stop's: a later one bills to its own end
+        spawner.stop_book.next_because(None)  # not this stop's: a later one bills to its own end
         why = changes.reason_of(e)
         change.set(changes.FAILED, f"The server could not be stopped ({why}).")
         book.note_outcome(fault.id, label, outcome="failed", why=why)
@@ -192,7 +192,7 @@ async def _start_again(
         spawner = hub.spawner(user, server_name)
         if spawner is not None:
             failed = stops.fault_next(False, f"starting it again failed ({why})")
-            spawner.set_stop_reason(stops.by_fault(fault.detail, failed)(detected))
+            spawner.stop_book.set(stops.by_fault(fault.detail, failed)(detected))
         return
     finally:
         placing.front.discard(label)

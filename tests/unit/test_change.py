@@ -64,8 +64,9 @@ class Spawner(EnvironmentChoice):
         self.billing = Billing()
         self.stop_reasons: list = []  # why each stop happens, as the change recorded it
 
-    def stop_next_because(self, reason) -> None:
-        self.stop_reasons.append(reason)
+    @property
+    def stop_book(self) -> SimpleNamespace:
+        return SimpleNamespace(next_because=self.stop_reasons.append)
 
     def parse_server_options(self, options):
         return parse_options(options, CATALOG)
