@@ -161,6 +161,49 @@ def test_the_pure_rooms_do_no_io(room):
     assert not broken, "\n".join(broken)
 
 
+def import_circles() -> list[list[str]]:
+    """The circles of imports among shipped modules (every import statement counts: one under
+    TYPE_CHECKING or inside a function ties the two modules together as much)."""
+    modules = dict(shipped_modules())
+    graph = {
+        module: sorted({n for _, n in imported(module, path) if n in modules and n != module})
+        for module, path in modules.items()
+    }
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for name in graph[module]:
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in on_stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                name = stack.pop()
+                on_stack.discard(name)
+                component.append(name)
+                if name == module:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_shipped_modules_import_each_other_in_a_circle():
+    # spawner/*/spawner.py and spawner/*/workers.py did: the workers needed the spawner's
+    # module globals to take a GPU (the devices are the machine's now, spawner/*/machine.py)
+    assert import_circles() == []
+
+
 def over_600_lines(sources: list[Path]) -> list[str]:
     """``path: lines`` of each source longer than 600 lines."""
     return [
