@@ -1,0 +1,54 @@
+"""An in-process billing as the hub's client sees it (spawner/lifecycle/billing_client.py:
+BillingClient's admit, release_hold, start_session, stop_session), as strict as the service:
+a session opens only on a hold of the same id, a hold is released once (then 404), a session
+stops only if it opened (else 404). ``down`` makes every call BillingUnavailable; ``refuse``
+makes admission say no with that status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from spawner.core.record import ServerRecord
+from spawner.lifecycle.billing_client import BillingRefused, BillingUnavailable
+
+
+class BillingDouble:
+    def __init__(self) -> None:
+        self.holds: set[str] = set()
+        self.sessions: dict[str, datetime | None] = {}  # id -> ended_at (None: open)
+        self.down = False
+        self.refuse: int | None = None
+
+    def _up(self) -> None:
+        if self.down:
+            raise BillingUnavailable("billing unreachable: Connection refused")
+
+    async def admit(self, username: str, record: ServerRecord) -> dict[str, Any]:
+        self._up()
+        if self.refuse is not None:
+            raise BillingRefused(self.refuse, "Your credit does not cover the first minutes.")
+        self.holds.add(record.session_id)
+        return {"hold_id": record.session_id}
+
+    async def release_hold(self, hold_id: str) -> dict[str, Any]:
+        self._up()
+        if hold_id not in self.holds:
+            raise BillingRefused(404, f"no hold {hold_id}")
+        self.holds.discard(hold_id)
+        return {"released": hold_id}
+
+    async def start_session(self, user: str, server: str, record: ServerRecord) -> dict:
+        self._up()
+        if record.session_id not in self.holds:
+            raise BillingRefused(409, "a session opens only on its admission's hold")
+        self.holds.discard(record.session_id)
+        self.sessions[record.session_id] = None
+        return {"id": record.session_id}
+
+    async def stop_session(self, session_id: str, ended_at: datetime) -> dict[str, Any]:
+        self._up()
+        if session_id not in self.sessions:
+            raise BillingRefused(404, f"no session {session_id}")
+        self.sessions[session_id] = self.sessions[session_id] or ended_at
+        return {"billed_seconds": 0}

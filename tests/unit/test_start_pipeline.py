@@ -1,0 +1,137 @@
+"""The one start pipeline (spawner/lifecycle/starting.py) on this machine's real device pool
+(the simulated inventory) and the billing double: every way a start can fail gives the
+devices back and leaves no hold nor open session, whatever step failed, cancelled or not."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import pytest
+from tornado import web
+
+from spawner.core.catalog import CPU_KEY, Catalog
+from spawner.core.placement import CardRequest, Placement
+from spawner.core.record import ServerRecord
+from spawner.lifecycle.metering import Metering
+from spawner.lifecycle.starting import Start
+from spawner.local.machine import DeviceSource, LocalMachine
+from spawner.local.spawner import DEFAULT_INVENTORY_FILE
+from tests.doubles.billing import BillingDouble
+from tests.waiting import wait_for_async
+
+CATALOG = Catalog.load()
+LOG = logging.getLogger("test_start_pipeline")
+
+
+async def machine() -> LocalMachine:
+    made = LocalMachine(DeviceSource("file", str(DEFAULT_INVENTORY_FILE), (), "node"))
+    await made.pool(CATALOG)
+    return made
+
+
+def start_on(made: LocalMachine, billing: BillingDouble, holder: str = "ada") -> Start:
+    metering = Metering(billing, "ada", "", holder, LOG)
+    return Start(made, metering, CATALOG, holder, LOG)
+
+
+def two_free(made: LocalMachine) -> str:
+    """A card the simulated inventory has two whole GPUs of free."""
+    view = made.pool_now.free_view()
+    return next(k for k in sorted(view.keys()) if "/" not in k and view.free(k) >= 2)
+
+
+def placed(start: Start, made: LocalMachine, card: str | None = None) -> ServerRecord:
+    """One whole GPU of ``card`` (one the inventory has two of free), taken for ``start``."""
+    card = card or two_free(made)
+    view = made.pool_now.free_view()
+    prices = dict.fromkeys([*view.keys(), CPU_KEY], 1_000_000)
+    answer = start.decide(CardRequest(card, 1), view, prices)
+    assert isinstance(answer, Placement), answer
+    record = ServerRecord(str(uuid.uuid4()), answer.offering.key, answer.count)
+    return start.take(answer, record)
+
+
+def held(made: LocalMachine) -> dict[str, list[str]]:
+    return made.pool_now.held_by()
+
+
+async def test_a_start_that_runs_holds_its_devices_and_has_an_open_session():
+    made, billing = await machine(), BillingDouble()
+    start = start_on(made, billing)
+    record = placed(start, made)
+
+    async def launch() -> str:
+        return "http://127.0.0.1:1/"
+
+    async def at(_url: str):
+        from gputap_common import clock
+
+        return clock.utcnow()
+
+    async def stop() -> None:
+        raise AssertionError("nothing to stop: the start ran")
+
+    assert await start.run(launch, at, stop) == "http://127.0.0.1:1/"
+    assert held(made) == {"ada": list(record.devices)}
+    assert billing.sessions == {record.session_id: None} and billing.holds == set()
+
+
+@pytest.mark.parametrize("fails", ["admission", "launch", "billing's session", "cancelled"])
+async def test_a_start_that_fails_anywhere_gives_everything_back(fails):
+    made, billing = await machine(), BillingDouble()
+    start = start_on(made, billing)
+    record = placed(start, made)
+    assert held(made) == {"ada": list(record.devices)}
+    stopped, launched = [], []
+    billing.refuse = 402 if fails == "admission" else None
+
+    async def launch() -> str:
+        launched.append(True)
+        if fails == "launch":
+            raise RuntimeError("the server exited with code 1")
+        if fails == "cancelled":
+            await asyncio.Event().wait()
+        billing.down = fails == "billing's session"
+        return "http://127.0.0.1:1/"
+
+    async def at(_url: str):
+        from gputap_common import clock
+
+        return clock.utcnow()
+
+    async def stop() -> None:
+        stopped.append(True)
+
+    running = asyncio.ensure_future(start.run(launch, at, stop))
+    if fails == "cancelled":
+        while not launched:
+            await asyncio.sleep(0)
+        running.cancel()
+    with pytest.raises((web.HTTPError, RuntimeError, asyncio.CancelledError)) as raised:
+        await running
+    billing.down = False  # a release billing missed is retried in the background
+    await wait_for_async(lambda: not billing.holds, "the hold released", timeout=5)
+    assert held(made) == {}, "the devices went back"
+    assert made.queue_view().free(record.offering) >= 1
+    assert billing.holds == set() and billing.sessions == {}
+    assert launched == ([] if fails == "admission" else [True])
+    # what was launched is stopped only when billing could not open its session: a launch
+    # that failed or was cancelled cleans up after itself
+    assert stopped == ([True] if fails == "billing's session" else [])
+    if fails == "admission":
+        assert raised.value.status_code == 402
+    if fails == "billing's session":
+        assert raised.value.status_code == 503
+    assert start.record is None
+
+
+async def test_two_starts_never_take_the_same_device():
+    made, billing = await machine(), BillingDouble()
+    first, second = start_on(made, billing, "ada"), start_on(made, billing, "bob")
+    card = two_free(made)
+    a, b = placed(first, made, card), placed(second, made, card)
+    assert a.devices and b.devices and not set(a.devices) & set(b.devices)
+    await first.give_back()
+    assert list(held(made)) == ["bob"]
