@@ -84,11 +84,12 @@ async def test_a_start_that_fails_anywhere_gives_everything_back(fails):
     start = start_on(made, billing)
     record = placed(start, made)
     assert held(made) == {"ada": list(record.devices)}
-    stopped, launched = [], []
+    stopped, launched, launching = [], [], asyncio.Event()
     billing.refuse = 402 if fails == "admission" else None
 
     async def launch() -> str:
         launched.append(True)
+        launching.set()
         if fails == "launch":
             raise RuntimeError("the server exited with code 1")
         if fails == "cancelled":
@@ -106,8 +107,7 @@ async def test_a_start_that_fails_anywhere_gives_everything_back(fails):
 
     running = asyncio.ensure_future(start.run(launch, at, stop))
     if fails == "cancelled":
-        while not launched:
-            await asyncio.sleep(0)
+        await launching.wait()
         running.cancel()
     with pytest.raises((web.HTTPError, RuntimeError, asyncio.CancelledError)) as raised:
         await running
