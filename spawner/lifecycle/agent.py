@@ -9,9 +9,12 @@ calls (tornado's shared client runs 10 at a time).
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from ..core.workers import parse_time
 
 #: how long one status request may take
 STATUS_TIMEOUT_SECONDS = 3.0
@@ -52,3 +55,30 @@ class AgentClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def agent_status(
+    status: Any,
+) -> tuple[bool, datetime | None, list[dict[str, Any]] | None, str] | None:
+    """An agent's status (``busy``: true or false, ``idle_since``: an ISO time with its zone
+    or null, ``gpus``: a list of objects or null, ``gpu_note``: text) as (busy, idle_since,
+    gpus, note), or None when it is not that."""
+    if not isinstance(status, dict):
+        return None
+    busy, since, gpus = status.get("busy", False), status.get("idle_since"), status.get("gpus")
+    note = status.get("gpu_note") or ""
+    if not isinstance(busy, bool) or not isinstance(note, str):
+        return None
+    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
+        return None
+    idle_since = None
+    if since is not None:
+        if not isinstance(since, str) or len(since) > 40:
+            return None
+        try:
+            idle_since = parse_time(since)
+        except ValueError:
+            return None
+        if idle_since is not None and idle_since.utcoffset() is None:
+            return None  # a naive time cannot be compared with the hub's clock
+    return busy, idle_since, gpus, note[:200]

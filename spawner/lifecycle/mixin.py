@@ -48,7 +48,6 @@ from ..core.placement import (
     Refusal,
     RequestError,
     ServerOptions,
-    asks_to_wait,
     parse_options,
     parse_request,
 )
@@ -59,7 +58,7 @@ from .disk_mounts import disks_to_mount
 from .environment import EnvironmentChoice
 from .machine import Machine
 from .metering import Metering
-from .request_body import start_options
+from .request_body import apply_gpu_options
 from .scale_out import ScaleOut, save_spawner_state
 from .server_apps import apps_env
 from .starting import Start
@@ -68,24 +67,6 @@ from .traits import GPUSpawnerTraits
 from .workers import WorkerGroup
 
 PREVIEW_PATH = "gputap/preview"
-
-
-def apply_gpu_options(spawner: GPUSpawnerMixin, user_options: dict[str, Any]) -> None:
-    """JupyterHub's apply_user_options hook, before anything starts: the options as
-    :func:`~.request_body.start_options` reads them (the same on JupyterHub 5 and 6, so the
-    backend's spawner class never sees gputap's older ``profile`` key, KubeSpawner's), and a
-    start that may wait in the queue gets ``queue_timeout`` more to start.
-
-    They are parsed once, by ``start()`` (after the backend has read what it holds: a card
-    NVML found may be what they ask for), which refuses a bad request with a 400 (JupyterHub
-    logs that as one line; an exception raised here would be logged with a traceback)."""
-    try:
-        spawner.user_options = start_options(user_options)
-    except RequestError as e:
-        spawner.user_options, spawner.options_error = {}, str(e)
-    else:
-        spawner.options_error = None
-    spawner.allow_queue_time(asks_to_wait(spawner.user_options))
 
 
 class GPUSpawnerMixin(GPUSpawnerTraits):

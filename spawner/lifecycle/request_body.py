@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.placement import RequestError, canonical_options
+from ..core.placement import RequestError, asks_to_wait, canonical_options
 
 #: the keys of JupyterHub 6's body for starting a server
 BODY_KEYS = frozenset({"user_options", "display_name"})
@@ -31,3 +31,21 @@ def start_options(user_options: dict[str, Any] | None) -> dict[str, Any]:
             raise RequestError("user_options must be an object or null")
         options = dict(inner or {})
     return canonical_options(options)
+
+
+def apply_gpu_options(spawner: Any, user_options: dict[str, Any]) -> None:
+    """JupyterHub's apply_user_options hook, before anything starts: the options as
+    :func:`start_options` reads them (the same on JupyterHub 5 and 6, so the
+    backend's spawner class never sees gputap's older ``profile`` key, KubeSpawner's), and a
+    start that may wait in the queue gets ``queue_timeout`` more to start.
+
+    They are parsed once, by ``start()`` (after the backend has read what it holds: a card
+    NVML found may be what they ask for), which refuses a bad request with a 400 (JupyterHub
+    logs that as one line; an exception raised here would be logged with a traceback)."""
+    try:
+        spawner.user_options = start_options(user_options)
+    except RequestError as e:
+        spawner.user_options, spawner.options_error = {}, str(e)
+    else:
+        spawner.options_error = None
+    spawner.allow_queue_time(asks_to_wait(spawner.user_options))

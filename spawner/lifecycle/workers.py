@@ -39,11 +39,10 @@ from ..core.workers import (
     WAITING,
     Worker,
     WorkerRequest,
-    parse_time,
     request_view,
     worker_holder,
 )
-from .agent import AgentClient, AgentUnavailable
+from .agent import AgentClient, AgentUnavailable, agent_status
 from .billing_client import BillingClient
 from .machine import Machine
 from .metering import Metering
@@ -557,33 +556,6 @@ class WorkerGroup:
             self._spawn(self._ended(worker, seen, "ended while the hub was down"))
         if self.active:
             self._ensure_watch()
-
-
-def agent_status(
-    status: Any,
-) -> tuple[bool, datetime | None, list[dict[str, Any]] | None, str] | None:
-    """An agent's status (``busy``: true or false, ``idle_since``: an ISO time with its zone
-    or null, ``gpus``: a list of objects or null, ``gpu_note``: text) as (busy, idle_since,
-    gpus, note), or None when it is not that."""
-    if not isinstance(status, dict):
-        return None
-    busy, since, gpus = status.get("busy", False), status.get("idle_since"), status.get("gpus")
-    note = status.get("gpu_note") or ""
-    if not isinstance(busy, bool) or not isinstance(note, str):
-        return None
-    if gpus is not None and not (isinstance(gpus, list) and all(isinstance(g, dict) for g in gpus)):
-        return None
-    idle_since = None
-    if since is not None:
-        if not isinstance(since, str) or len(since) > 40:
-            return None
-        try:
-            idle_since = parse_time(since)
-        except ValueError:
-            return None
-        if idle_since is not None and idle_since.utcoffset() is None:
-            return None  # a naive time cannot be compared with the hub's clock
-    return busy, idle_since, gpus, note[:200]
 
 
 def _why(error: BaseException) -> str:
