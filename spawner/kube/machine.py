@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from kubespawner.clients import load_config, shared_client
@@ -83,7 +84,7 @@ class KubeMachine:
                 return pod
         return None
 
-    def ended(self, pod_key: str) -> Any:
+    def ended(self, pod_key: str) -> datetime | None:
         """When the watch saw pod ``namespace/name`` end (and forget it), or None."""
         return self.watcher.ended.pop(pod_key, None) if self.watcher else None
 
@@ -92,7 +93,9 @@ class KubeMachine:
     def take(self, placement: Placement, record: ServerRecord, holder: str) -> None:
         """Reserve the placement's GPUs on its node until the watch sees its pod bound."""
         record.node = placement.node
-        if placement.offering.kind != "cpu" and self.watcher is not None:
+        if placement.offering.kind != "cpu":
+            if self.watcher is None:
+                raise RuntimeError("GPUs are reserved only after the cluster was read")
             self.watcher.inventory.reserve(
                 reservation(holder, record), placement.offering.key, placement.node, placement.count
             )

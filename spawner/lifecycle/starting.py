@@ -15,7 +15,6 @@ The backend's part is a :class:`~.machine.Machine` (devices by holder) and the `
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -163,15 +162,3 @@ class Start:
         if self.record is None:
             raise RuntimeError(f"{self.holder}: nothing was taken to start")
         return self.record
-
-
-def spawn_task(tasks: set[asyncio.Task]) -> Callable[[Awaitable[None]], asyncio.Task]:
-    """A ``spawn`` for :meth:`Start.give_back_soon` keeping its tasks in ``tasks``."""
-
-    def spawn(coroutine: Awaitable[None]) -> asyncio.Task:
-        task = asyncio.ensure_future(coroutine)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
-
-    return spawn

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from datetime import datetime
 
 import pytest
 from tornado import web
 
+from gputap_common import clock
 from spawner.core.catalog import CPU_KEY, Catalog
 from spawner.core.placement import CardRequest, Placement
 from spawner.core.record import ServerRecord
@@ -53,6 +55,11 @@ def placed(start: Start, made: LocalMachine, card: str | None = None) -> ServerR
     return start.take(answer, record)
 
 
+async def at(_url: str) -> datetime:
+    """When the launched server started running: now."""
+    return clock.utcnow()
+
+
 def held(made: LocalMachine) -> dict[str, list[str]]:
     return made.pool_now.held_by()
 
@@ -64,11 +71,6 @@ async def test_a_start_that_runs_holds_its_devices_and_has_an_open_session():
 
     async def launch() -> str:
         return "http://127.0.0.1:1/"
-
-    async def at(_url: str):
-        from gputap_common import clock
-
-        return clock.utcnow()
 
     async def stop() -> None:
         raise AssertionError("nothing to stop: the start ran")
@@ -96,11 +98,6 @@ async def test_a_start_that_fails_anywhere_gives_everything_back(fails):
             await asyncio.Event().wait()
         billing.down = fails == "billing's session"
         return "http://127.0.0.1:1/"
-
-    async def at(_url: str):
-        from gputap_common import clock
-
-        return clock.utcnow()
 
     async def stop() -> None:
         stopped.append(True)
