@@ -2,13 +2,16 @@
 BillingClient's admit, release_hold, start_session, stop_session), as strict as the service:
 a session opens only on a hold of the same id, a hold is released once (then 404), a session
 stops only if it opened (else 404). ``down`` makes every call BillingUnavailable; ``refuse``
-makes admission say no with that status."""
+makes admission say no with that status. Prices are the shipped settings' price book, as the
+service answers them (a SKU without a price is left out)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+from billing_service.domain.pricing import PRICE_CLASSES, make_price_book
+from gputap_common.settings import load_settings
 from spawner.core.record import ServerRecord
 from spawner.lifecycle.billing_client import BillingRefused, BillingUnavailable
 
@@ -19,10 +22,23 @@ class BillingDouble:
         self.sessions: dict[str, datetime | None] = {}  # id -> ended_at (None: open)
         self.down = False
         self.refuse: int | None = None
+        billing = load_settings(environ={}).billing
+        self.book = make_price_book(
+            billing["prices"], billing["spot_discount_percent"], billing["shared_percent"]
+        )
 
     def _up(self) -> None:
         if self.down:
             raise BillingUnavailable("billing unreachable: Connection refused")
+
+    async def price_book(
+        self, skus: list[str], price_class: str = "on-demand"
+    ) -> tuple[dict[str, int], int]:
+        self._up()
+        if price_class not in PRICE_CLASSES:
+            raise BillingRefused(400, f"price_class must be one of {PRICE_CLASSES}")
+        prices, _unpriced = self.book.lookup(skus, price_class)
+        return prices, self.book.spot_discount_percent
 
     async def admit(self, username: str, record: ServerRecord) -> dict[str, Any]:
         self._up()

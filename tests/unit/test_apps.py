@@ -11,7 +11,10 @@ from traitlets.config import Config, PyFileConfigLoader
 from gputap_common.settings import SettingsError, load_settings
 from hub_config.hub import ROOT, apply
 from spawner.core.apps import check_apps, proxy_servers
+from spawner.core.record import ServerRecord
 from spawner.lifecycle.server_apps import apps_env
+from tests.doubles.billing import BillingDouble
+from tests.doubles.spawner import simulated_machine, spawner_double
 
 SINGLEUSER = ROOT / "hub_config" / "singleuser"
 
@@ -33,6 +36,8 @@ TENSORBOARD = {
 
 
 #: environments beside gputap's own (the hub's Python on one machine)
+#: what the backend spawner class's own get_env hands every server
+BASE_ENV = {"PATH": "/usr/bin"}
 ENVIRONMENTS = {key: {"name": key} for key in ("pytorch", "tensorflow", "vllm")}
 
 
@@ -238,9 +243,19 @@ def test_a_server_handed_no_apps_registers_none(monkeypatch, tmp_path):
 
 
 def test_a_spawner_hands_its_server_the_apps_of_its_environment(tmp_path):
-    # what GPUSpawnerMixin.get_env adds for the server's environment ("": the default)
     apps = {"custom": {"vllm-ui": {"port": 7001, "environments": ["vllm"]}}}
-    loaded = started(tmp_path, apps, ENVIRONMENTS).GPUSpawnerMixin.apps
+    config = started(tmp_path, apps, ENVIRONMENTS)
+    # the in-process spawner double: GPUSpawnerMixin.get_env on JupyterHub's Spawner's
+    machine, billing = simulated_machine(), BillingDouble()
+    spawner = spawner_double(
+        "ada", machine, billing, tmp_path, config=config, env_keep=[], environment=BASE_ENV
+    )
+    env = spawner.get_env()
+    assert env["PATH"] == "/usr/bin" and set(json.loads(env["GPUTAP_APPS"])) == {"tensorboard"}
+    spawner.record = ServerRecord(session_id="s1", offering="cpu", count=1, environment="vllm")
+    assert set(json.loads(spawner.get_env()["GPUTAP_APPS"])) == {"tensorboard", "vllm-ui"}
+    # the same, as the mixin's collaborator computes it from the settings alone
+    loaded = config.GPUSpawnerMixin.apps
     assert set(json.loads(apps_env(loaded, "")["GPUTAP_APPS"])) == {"tensorboard"}
     handed = apps_env(loaded, "vllm")["GPUTAP_APPS"]
     assert set(json.loads(handed)) == {"tensorboard", "vllm-ui"}
