@@ -7,7 +7,8 @@ is done about it (the book, isolation, recovery) is the fault desk's (spawner/li
 With NVML (docs/design-gpu-faults.md):
 
 - XID and double-bit ECC events, waited for on a thread of their own (a 1 s wait must never
-  hold a slot of the loop's default executor). An XID event naming a GPU and compute instance
+  hold a slot of the loop's default executor), a daemon: a hub whose loop ends without
+  stopping the watcher (SIGTERM) still exits. An XID event naming a GPU and compute instance
   is about that MIG device, as the NVIDIA device plugin matches them; otherwise about the
   whole GPU. Application XIDs (the user's program failed) and ``ignore_xids`` are logged only.
 - Every ``poll_seconds``, in the default executor: the volatile uncorrected ECC count rising
@@ -26,7 +27,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,11 @@ REMAP_FAILED = "row remapping failed"
 REMAP_PENDING = "row remap pending: needs a GPU reset"
 DOUBLE_BIT = "double-bit ECC error"
 FILE_FAULTS = "{xid: N[, mig_slot: K]}, {ecc: N}, {remap_failed: true} or {lost: true}"
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def ecc_detail(count: int, first: int) -> str:
@@ -130,8 +135,8 @@ class LocalHealthWatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = threading.Event()
-        self._event_thread = ThreadPoolExecutor(1, thread_name_prefix="gputap-gpu-events")
-        self._event_future: asyncio.Future[None] | None = None
+        #: resolved once the event thread has closed its NVML event set
+        self._events_done: asyncio.Future[None] | None = None
         # shared by the event thread and the poll's executor thread
         self._lock = threading.Lock()
         self._gpus: dict[str, WatchedGpu] = {}
@@ -156,9 +161,8 @@ class LocalHealthWatcher:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if self._event_future is not None:
-            await asyncio.gather(self._event_future, return_exceptions=True)
-        self._event_thread.shutdown(wait=False)
+        if self._events_done is not None:
+            await asyncio.gather(self._events_done, return_exceptions=True)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -170,7 +174,13 @@ class LocalHealthWatcher:
         if source == "nvml":
             with self._lock:
                 gpus = list(self._gpus)
-            self._event_future = loop.run_in_executor(self._event_thread, self._watch_events)
+            self._events_done = loop.create_future()
+            threading.Thread(
+                target=self._watch_events_then,
+                args=(loop, self._events_done),
+                name="gputap-gpu-events",
+                daemon=True,
+            ).start()
             log.info(
                 "GPU health: watching %d GPU(s) through NVML (%s), counters every %gs",
                 len(gpus),
@@ -323,6 +333,16 @@ class LocalHealthWatcher:
         log.warning("GPU health: %s: %s", where, message)
 
     # -- NVML ---------------------------------------------------------------------------------
+
+    def _watch_events_then(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future) -> None:
+        """The event thread: watch, then resolve ``done`` on the loop (if it still runs)."""
+        try:
+            self._watch_events()
+        finally:
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:  # the loop is closed: nobody waits for it
+                pass
 
     def _watch_events(self) -> None:
         """On the event thread until :meth:`stop`: wait for events, 1 s at a time."""

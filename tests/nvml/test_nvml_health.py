@@ -427,3 +427,46 @@ def test_an_event_wait_does_not_hold_up_the_inventory(fake_nvml_dir, machine):
     assert answer["devices"] == 4
     assert answer["event"] is None and answer["seconds"] >= 2.9  # nothing came: a timeout
     assert answer["read"] < 1.5  # not after the wait's 3 s
+
+
+# The hub's way out: its loop ends (SIGTERM) without anyone stopping the watcher.
+LEFT_RUNNING = textwrap.dedent(
+    """
+    import asyncio
+    from spawner.core.catalog import Catalog
+    from spawner.local.health import LocalHealthWatcher
+
+    async def main():
+        watcher = LocalHealthWatcher(
+            report=print,
+            mode="nvml",
+            inventory_file="hub_config/simulated-inventory.yaml",
+            catalog=Catalog.load(),
+            poll_seconds=0.2,
+        )
+        watcher.start()
+        await asyncio.sleep(1.5)  # its event thread waits for XIDs now
+        print("leaving", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_process_whose_loop_ends_exits_though_its_watcher_was_never_stopped(
+    fake_nvml_dir, machine
+):
+    """A hub told to stop (SIGTERM) ends its loop without stopping the watcher: its wait for
+    NVML events must not keep the process alive (it did, until the hub was killed)."""
+    write_machine(machine, DEVICES=H200)
+    env = fake_nvml_env(fake_nvml_dir, file=str(machine))
+    child = subprocess.Popen(
+        [sys.executable, "-c", LEFT_RUNNING], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        said, _ = child.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        pytest.fail("the process never exited: the watcher's event thread held it")
+    assert "leaving" in said and child.returncode == 0
