@@ -72,7 +72,10 @@ async def _ip_async(*args: str, stdin: str | None = None) -> str:
         out, err = await proc.communicate(stdin.encode() if stdin else None)
     except asyncio.CancelledError:
         # a pod deleted while its namespace is being made: let `ip` finish, so that what it
-        # makes exists when the kubelet then removes it
+        # makes exists when the kubelet then removes it; its input ends here (a batch cut
+        # short of its end of file would wait for it forever)
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.close()
         await proc.wait()
         raise
     if proc.returncode != 0:
