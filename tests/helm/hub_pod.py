@@ -42,7 +42,7 @@ from tests.kube_sim.volumes import (
     ProcessUser,
     apply_fs_group,
     drop_privileges,
-    expose_paths,
+    exposure,
     machine_image_paths,
     process_user,
 )
@@ -275,6 +275,14 @@ def _nearest_existing(path: PurePosixPath) -> PurePosixPath:
     return PurePosixPath(os.path.realpath(path))
 
 
+def _stage_root(mounted: list[str]) -> str:
+    """A folder of this machine no mount of the pod covers, where the image's paths wait."""
+    for root in ("/tmp", "/dev/shm", "/run"):
+        if not any(root == m or root.startswith(m.rstrip("/") + "/") for m in mounted):
+            return root
+    raise ValueError(f"every staging folder is covered by the pod's mounts: {mounted}")
+
+
 def mount_script(
     mounts: list[Mount],
     scratch: Path,
@@ -289,9 +297,6 @@ def mount_script(
     are looked up when mounted). ``read_only_root``
     (``securityContext.readOnlyRootFilesystem``): everything but the mounts is read-only."""
     lines = ["set -e"]
-    if user is not None and user.uid != 0:
-        # first: a mount may cover the staging folder (an emptyDir at /tmp)
-        lines += expose_paths(list(IMAGE_PATHS))
     covered: list[PurePosixPath] = []
     for mount in mounts:
         target = PurePosixPath(mount.target)
@@ -301,6 +306,17 @@ def mount_script(
         if any(parent == c or parent.is_relative_to(c) for c in covered):
             continue
         covered.append(parent)
+    # the image's paths (this machine's Python and checkout) wait outside what the mounts
+    # cover and come back after them: a checkout under /tmp would be hidden by an emptyDir
+    # at /tmp, which hides nothing of a real image
+    mounted = [*(m.target for m in mounts), *(str(c) for c in covered)]
+    before, after = exposure(
+        list(IMAGE_PATHS),
+        mounted,
+        stage_root=_stage_root(mounted),
+        hidden=user is not None and user.uid != 0,
+    )
+    lines += before
     for index, parent in enumerate(sorted(covered, key=lambda p: len(p.parts))):
         upper, work = scratch / f"upper-{index}", scratch / f"work-{index}"
         upper.mkdir(parents=True)
@@ -323,6 +339,7 @@ def mount_script(
             lines.append(f"mkdir -p {shlex.quote(str(PurePosixPath(mount.target).parent))}")
             lines.append(f"[ -e {target} ] || touch {target}")
         lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
+    lines += after
     if read_only_root:
         lines.append("mount -o remount,bind,ro /")
         lines += [f"mount -o remount,ro {shlex.quote(str(parent))}" for parent in covered]

@@ -79,6 +79,12 @@ def links() -> set[str]:
     return {link["ifname"].partition("@")[0] for link in json.loads(out)}
 
 
+def pids_in(name: str) -> list[str]:
+    """The processes in network namespace ``name`` (nsenter execs its command: same pid)."""
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+    return out.split()
+
+
 def namespaces() -> set[str]:
     out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True).stdout
     return {entry["name"] for entry in json.loads(out or "[]")}
@@ -192,6 +198,11 @@ def test_what_a_killed_run_left_is_removed_when_the_next_cluster_starts():
     # a process of the killed run still in its namespace
     sleeper = subprocess.Popen(
         ["nsenter", f"--net=/run/netns/{stale_ns}", PY, "-c", "import time; time.sleep(60)"]
+    )
+    # inside it before the next run starts (nsenter enters a moment after it was started)
+    wait_for(
+        lambda: str(sleeper.pid) in pids_in(stale_ns),
+        f"the sleeper in {stale_ns}",
     )
     try:
         with SimulatedCluster.run_in_thread():

@@ -27,6 +27,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,18 +274,46 @@ def expose_paths(paths: list[str]) -> list[str]:
     ancestor is covered by an empty tmpfs and the path bound back into it. The binds wait in
     a folder of their own in /tmp meanwhile (a covered ancestor may hold the caller's
     scratch folders too), removed once they are back."""
-    hidden = [(p, a) for p in paths if (a := _hidden_ancestor(p)) is not None]
-    if not hidden:
-        return []
-    lines, covers, back = ["stage=$(mktemp -d /tmp/gputap-image.XXXXXX)"], [], []
-    for i, (path, ancestor) in enumerate(hidden):
-        lines += [f'mkdir "$stage/{i}"', f'mount --bind {shlex.quote(path)} "$stage/{i}"']
-        back += [
+    before, after = exposure(paths)
+    return before + after
+
+
+def exposure(
+    paths: list[str],
+    mounted: Sequence[str] = (),
+    stage_root: str = "/tmp",
+    hidden: bool = True,
+) -> tuple[list[str], list[str]]:
+    """:func:`expose_paths` around the caller's own mounts: (lines before them, lines after).
+    ``mounted``: the folders those mounts cover (a pod's emptyDir at /tmp, which hides a
+    checkout under /tmp as a real pod's hides nothing of its image); each path under one is
+    bound away before and back after them, as is each path under an ancestor others cannot
+    enter (``hidden``: the pod's user is not root). ``stage_root`` must be outside every
+    mounted folder."""
+
+    def under(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    wanted: list[tuple[str, str | None]] = []
+    for path in paths:
+        ancestor = _hidden_ancestor(path) if hidden else None
+        if ancestor is not None or any(under(path, m) for m in mounted):
+            wanted.append((path, ancestor))
+    if not wanted:
+        return [], []
+    if any(under(stage_root, m) for m in mounted):
+        raise ValueError(f"the image's paths cannot wait in {stage_root}: a mount covers it")
+    before = [f"stage=$(mktemp -d {shlex.quote(stage_root)}/gputap-image.XXXXXX)"]
+    covers: list[str] = []
+    after: list[str] = []
+    for i, (path, ancestor) in enumerate(wanted):
+        before += [f'mkdir "$stage/{i}"', f'mount --bind {shlex.quote(path)} "$stage/{i}"']
+        after += [
             f"mkdir -p {shlex.quote(path)}",
             f'mount --move "$stage/{i}" {shlex.quote(path)}',
             f'rmdir "$stage/{i}"',
         ]
-        if ancestor not in covers:
+        if ancestor is not None and ancestor not in covers:
             covers.append(ancestor)
-    lines += [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
-    return lines + back + ['rmdir "$stage"']
+    cover_lines = [f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(c)}" for c in covers]
+    return before, cover_lines + after + ['rmdir "$stage"']
