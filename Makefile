@@ -135,15 +135,17 @@ format: setup
 # cores busy, and the waits of one run (a grace period, a stop's timeout) are the others'
 # CPU time. Most tests wait on real servers rather than compute, so they run in
 # TEST_WORKERS processes, a test file per process (its module fixtures, such as a started
-# platform, stay shared). Each test runs on the JupyterHub that runs its code in use: the
+# platform, stay shared); TEST_WORKERS and JH55_WORKERS together keep the tests that run at
+# once where the tests' real-time budgets (a stop within the credit's overrun) still hold
+# on two cores. Each test runs on the JupyterHub that runs its code in use: the
 # one-machine tests and the unit tests on .venv's (what `make demo` runs); the Kubernetes
 # backend's (tests/kube) and the chart's (tests/helm) on the hub image's Python set
 # (test-jh55: the chart's hub is that image, docs/install-kubernetes.md); GitHub login and
 # the hub's own handlers, which both hubs serve, on both. Every run ends with its DURATIONS
 # slowest tests, setup and teardown included, where CI's time goes; the logs of the two
 # runs beside are printed after the first.
-TEST_WORKERS ?= 4
-JH55_WORKERS ?= 3
+TEST_WORKERS ?= 3
+JH55_WORKERS ?= 2
 DURATIONS := --durations=50
 IMAGE_ONLY_TESTS := tests/kube tests/helm
 test: setup setup-jh55 system-packages lint
