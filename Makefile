@@ -129,41 +129,32 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Three runs, all of which must pass. The long tests (real minutes of waiting: the billing
-# outage) and then the hub image's (make test-jh55) run beside the others, so `make test`
-# takes about the time of the longest, not the sum: on a 2-core machine the others keep both
-# cores busy, and the waits of one run (a grace period, a stop's timeout) are the others'
-# CPU time. Most tests wait on real servers rather than compute, so they run in
-# TEST_WORKERS processes, a test file per process (its module fixtures, such as a started
-# platform, stay shared); TEST_WORKERS and JH55_WORKERS together keep the tests that run at
-# once where the tests' real-time budgets (a stop within the credit's overrun) still hold
-# on two cores. Each test runs on the JupyterHub that runs its code in use: the
-# one-machine tests and the unit tests on .venv's (what `make demo` runs); the Kubernetes
-# backend's (tests/kube) and the chart's (tests/helm) on the hub image's Python set
-# (test-jh55: the chart's hub is that image, docs/install-kubernetes.md); GitHub login and
-# the hub's own handlers, which both hubs serve, on both. Every run ends with its DURATIONS
-# slowest tests, setup and teardown included, where CI's time goes; the logs of the two
-# runs beside are printed after the first.
-TEST_WORKERS ?= 3
-JH55_WORKERS ?= 2
+# The long tests (real minutes of waiting: the billing outage) run beside the others, so
+# `make test` takes the time of the slower half, not the sum; both must pass. Most tests wait
+# on real servers rather than compute, so they run in TEST_WORKERS processes, a test file
+# per process (its module fixtures, such as a started platform, stay shared). The hub image's
+# run (make test-jh55) comes after: beside them as well, on two cores, it broke the tests'
+# real-time budgets (a credit stop's overrun) and gained little, the CPU being the limit.
+# Each test runs on the JupyterHub that runs its code in use: the one-machine tests and the
+# unit tests on .venv's (what `make demo` runs); the Kubernetes backend's (tests/kube) and the
+# chart's (tests/helm) on the hub image's Python set (test-jh55: the chart's hub is that
+# image, docs/install-kubernetes.md); GitHub login and the hub's own handlers, which both
+# hubs serve, on both. Every run ends with its DURATIONS slowest tests, setup and teardown
+# included, where CI's time goes.
+TEST_WORKERS ?= 4
 DURATIONS := --durations=50
 IMAGE_ONLY_TESTS := tests/kube tests/helm
 test: setup setup-jh55 system-packages lint
-	@rm -f .pytest-long.rc .pytest-jh55.rc; \
-	( $(PY) -m pytest -m long -p no:cacheprovider $(DURATIONS) > .pytest-long.log 2>&1; \
-	  echo $$? > .pytest-long.rc; \
-	  $(MAKE) --no-print-directory test-jh55 TEST_WORKERS=$(JH55_WORKERS) \
-	    > .pytest-jh55.log 2>&1; \
-	  echo $$? > .pytest-jh55.rc ) & \
-	beside=$$!; \
+	@$(PY) -m pytest -m long -p no:cacheprovider $(DURATIONS) > .pytest-long.log 2>&1 & \
+	long=$$!; \
 	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile $(DURATIONS) \
 	  $(addprefix --ignore=,$(IMAGE_ONLY_TESTS)); \
 	rest=$$?; \
-	wait $$beside; \
+	wait $$long; long_rc=$$?; \
 	echo "--- long tests (-m long) ---"; cat .pytest-long.log; \
 	echo "--- the hub image's JupyterHub 5.5: Kubernetes, the chart, GitHub login (make test-jh55) ---"; \
-	cat .pytest-jh55.log; \
-	test $$rest -eq 0 -a "$$(cat .pytest-long.rc)" = 0 -a "$$(cat .pytest-jh55.rc)" = 0
+	$(MAKE) --no-print-directory test-jh55; jh55=$$?; \
+	test $$rest -eq 0 -a $$long_rc -eq 0 -a $$jh55 -eq 0
 
 # The tests of what the hub image runs (z2jh 4.4.0's JupyterHub 5.5, KubeSpawner 7.1, ...), in
 # .venv-jh55: the Kubernetes backend and the API handlers on it (tests/kube), the chart's hub
