@@ -22,6 +22,10 @@ from .faults import FaultDesk
 
 log = logging.getLogger("gputap.faults")
 
+#: how long a recovery waits for the hub's start-up check of its server (below)
+CHECK_WAIT_SECONDS = 120.0
+CHECK_STEP_SECONDS = 0.2
+
 
 async def recover(
     hub: Any, user: Any, server_name: str, fault: Fault, desk: FaultDesk, resume: bool = False
@@ -35,6 +39,7 @@ async def recover(
     spawner = hub.spawner(user, server_name)
     if spawner is None:
         return
+    await _checked(spawner)
     if label in desk.recovering:
         # already being moved off a failed GPU (another of its GPUs, or another report)
         desk.book.note_outcome(fault.id, label, outcome="moved", by=desk.recovering[label])
@@ -58,6 +63,16 @@ async def recover(
     finally:
         desk.recovering.pop(label, None)
         desk.save()
+
+
+async def _checked(spawner: Any) -> None:
+    """Wait for the hub's start-up check of the server: past ``init_spawners_timeout`` a
+    hub under load finishes checking the servers it found running in the background, the
+    spawner pending "check" meanwhile; what the check finds (running, or stopped while no hub
+    ran) decides the recovery. JupyterHub signals the check's end only by the flag."""
+    deadline = asyncio.get_running_loop().time() + CHECK_WAIT_SECONDS
+    while spawner.pending == "check" and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(CHECK_STEP_SECONDS)
 
 
 def _facts(desk: FaultDesk, fault: Fault, label: str) -> dict[str, Any]:

@@ -3,8 +3,10 @@ each device's state, isolation in the device pool, the queue's front, the stop n
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +23,7 @@ from spawner.core.health import (
 )
 from spawner.core.placement import Placement
 from spawner.core.queue import WaitQueues
-from spawner.lifecycle import stops
+from spawner.lifecycle import recovery, stops
 from spawner.lifecycle.faults import FaultDesk
 from spawner.local.inventory import Device, DevicePool
 
@@ -327,3 +329,31 @@ def test_the_desk_posts_recoveries_to_where_the_hub_listens(tmp_path, backend):
     [role] = [r for r in c.JupyterHub.load_roles if r["name"] == faults.HEALTH_SERVICE]
     assert role["scopes"] == ["admin:servers"]
     faults.install(None)
+
+
+def test_a_resumed_recovery_waits_for_the_hubs_check_of_the_server(tmp_path):
+    """A hub started under load leaves its check of each running server to finish in the
+    background (init_spawners_timeout; the spawner's pending is "check"): the recovery the
+    last hub left unfinished decides on what that check found, not on the pending state."""
+    desk = FaultDesk(tmp_path / "gpu-health.json", {**SETTINGS, "restart": "off"}, "token")
+    hit = fault("GPU-1")
+    desk.book.fault(hit)
+    desk.book.note_outcome(hit.id, "jo", outcome="stopping", session_id="s-1")
+    record = SimpleNamespace(session_id="s-1")
+    spawner = SimpleNamespace(pending="check", active=True, record=record, user_options={})
+    hub = SimpleNamespace(spawner=lambda user, name: spawner)
+
+    async def found_stopped_later():
+        # the check finds the server stopped while no hub ran, and JupyterHub stops it
+        await asyncio.sleep(0.3)
+        spawner.pending, spawner.active, spawner.record = None, False, None
+
+    async def main():
+        check = asyncio.ensure_future(found_stopped_later())
+        await recovery.recover(hub, SimpleNamespace(name="jo"), "", hit, desk, resume=True)
+        await check
+
+    asyncio.run(main())
+    [outcome] = desk.book.outcomes[hit.id]
+    assert outcome["outcome"] == "not restarted", outcome
+    assert "turned restarts after GPU faults off" in outcome["why"]
