@@ -10,6 +10,8 @@ NODE_STAMP := node_modules/.gputap-installed
 LAB := extensions/gputap-lab
 LAB_SOURCES := $(wildcard $(LAB)/src/*.ts $(LAB)/style/*) $(LAB)/package.json $(LAB)/tsconfig.json
 LAB_BUILT := $(LAB)/gputap_lab/labextension/package.json
+LAB_DIST := $(LAB)/dist
+LAB_WHEEL := $(LAB_DIST)/.gputap-built
 LAB_STAMP := $(VENV)/.gputap-lab-installed
 
 # The hub image's Python set (images/hub/constraints.txt: JupyterHub 5.5.0 as z2jh 4.4.0's hub
@@ -18,6 +20,7 @@ LAB_STAMP := $(VENV)/.gputap-lab-installed
 # hub and single-user images run 5.5 (docs/install-kubernetes.md, "JupyterHub 5.5, not 6").
 JH55 := .venv-jh55
 JH55_PY := $(JH55)/bin/python
+JH55_BASE := $(JH55)/.gputap-packages
 JH55_STAMP := $(JH55)/.gputap-installed
 HUB_CONSTRAINTS := images/hub/constraints.txt
 
@@ -27,6 +30,7 @@ HUB_CONSTRAINTS := images/hub/constraints.txt
 # (torch==2.13.0, which pip takes from this machine's disk). Built once, reused.
 DS := .venv-ds
 DS_PY := $(DS)/bin/python
+DS_BASE := $(DS)/.gputap-packages
 DS_STAMP := $(DS)/.gputap-installed
 
 # Installed by jupyter-events' jsonschema[format-nongpl] and imported by jsonschema whenever
@@ -36,21 +40,16 @@ DS_STAMP := $(DS)/.gputap-installed
 # gputap makes removes it (docs/architecture.md, "Start-up cost"); pip check stays clean.
 SLOW_IMPORTS := rfc3987-syntax
 
-.PHONY: setup setup-jh55 demo test test-jh55 lint format bench gpu-check screenshots \
+.PHONY: setup setup-jh55 setup-all demo test test-jh55 lint format bench gpu-check screenshots \
 	system-packages clean
 
 setup: $(PY_STAMP) $(NODE_STAMP) $(LAB_STAMP) $(DS_STAMP)
 
-$(DS_STAMP): pyproject.toml hub_config/environments.py $(LAB_STAMP)
-	test -x $(DS_PY) || $(PYTHON) -m venv $(DS)
-	$(DS_PY) -m pip install --quiet --upgrade pip
-	$(PY) -m hub_config.environments requirements > $(DS)/requirements.txt
-	$(DS_PY) -m pip install --quiet -r $(DS)/requirements.txt
-	rm -rf $(LAB)/build
-	$(DS_PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
-	$(DS_PY) -m pip uninstall --quiet --yes $(SLOW_IMPORTS)
-	$(DS_PY) -m pip check
-	touch $@
+# `make test` and `make demo` build the environments side by side (SETUP_JOBS at once): the
+# Lab extension is built into one wheel that each environment installs, and each
+# environment's own packages go in while the others' do. The root package's editable installs
+# come one after the other: both write gputap.egg-info in this folder.
+SETUP_JOBS ?= 3
 
 $(PY_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,13 +69,31 @@ $(LAB_BUILT): $(LAB_SOURCES) $(NODE_STAMP) | $(PY_STAMP)
 	cd $(LAB) && $(abspath $(VENV))/bin/jupyter-builder build .
 	touch $@
 
-# A regular (non-editable) install: the wheel puts the labextension in
-# $(VENV)/share/jupyter/labextensions/gputap-lab and enables the server extension in
-# $(VENV)/etc/jupyter/jupyter_server_config.d. Its dependencies come with the root package.
-$(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py $(LAB)/gputap/*.py) \
+# One wheel of the extension for every environment: it puts the labextension in the
+# environment's share/jupyter/labextensions/gputap-lab and enables the server extension in its
+# etc/jupyter/jupyter_server_config.d. Its dependencies come with each environment's packages.
+$(LAB_WHEEL): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py $(LAB)/gputap/*.py) \
 		$(wildcard $(LAB)/jupyter-config/*/*.json) $(LAB)/pyproject.toml | $(PY_STAMP)
-	rm -rf $(LAB)/build  # setuptools would reuse a stale build/lib
-	$(PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
+	rm -rf $(LAB)/build $(LAB_DIST)  # setuptools would reuse a stale build/lib
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(LAB_DIST) ./$(LAB)
+	touch $@
+
+$(LAB_STAMP): $(LAB_WHEEL)
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $(LAB_DIST)/*.whl
+	touch $@
+
+# the data-science environment's packages, then the extension's wheel
+$(DS_BASE): pyproject.toml hub_config/environments.py | $(PY_STAMP)
+	test -x $(DS_PY) || $(PYTHON) -m venv $(DS)
+	$(DS_PY) -m pip install --quiet --upgrade pip
+	$(PY) -m hub_config.environments requirements > $(DS)/requirements.txt
+	$(DS_PY) -m pip install --quiet -r $(DS)/requirements.txt
+	touch $@
+
+$(DS_STAMP): $(DS_BASE) $(LAB_WHEEL)
+	$(DS_PY) -m pip install --quiet --no-deps --force-reinstall $(LAB_DIST)/*.whl
+	$(DS_PY) -m pip uninstall --quiet --yes $(SLOW_IMPORTS)
+	$(DS_PY) -m pip check
 	touch $@
 
 # gputap as the hub image installs it (under its constraints), with the test tools and the
@@ -84,19 +101,26 @@ $(LAB_STAMP): $(LAB_BUILT) $(wildcard $(LAB)/gputap_lab/*.py $(LAB)/gputap/*.py)
 # `pip check` fails the build when the pinned set does not hold together
 setup-jh55: $(JH55_STAMP)
 
-$(JH55_STAMP): pyproject.toml $(HUB_CONSTRAINTS) $(LAB_STAMP)
+# every environment the tests use, SETUP_JOBS builds at once
+setup-all:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) -Otarget setup setup-jh55
+
+$(JH55_BASE): pyproject.toml $(HUB_CONSTRAINTS) | $(PY_STAMP)
 	test -x $(JH55_PY) || $(PYTHON) -m venv $(JH55)
 	$(JH55_PY) -m pip install --quiet --upgrade pip
 	$(JH55_PY) -m pip install --quiet --constraint $(HUB_CONSTRAINTS) -e ".[test]"
-	rm -rf $(LAB)/build
-	$(JH55_PY) -m pip install --quiet --no-deps --force-reinstall ./$(LAB)
+	touch $@
+
+$(JH55_STAMP): $(JH55_BASE) $(LAB_WHEEL)
+	$(JH55_PY) -m pip install --quiet --no-deps --force-reinstall $(LAB_DIST)/*.whl
 	$(JH55_PY) -m pip uninstall --quiet --yes $(SLOW_IMPORTS)
 	$(JH55_PY) -m pip check
 	touch $@
 
 # GPUTAP_DEMO_GITHUB=1: GitHub login through the tests' stand-in of GitHub, started by a
 # development tool (tests/github_sim/demo.py) that then runs the same demo
-demo: setup
+demo:
+	@$(MAKE) --no-print-directory -j$(SETUP_JOBS) -Otarget setup
 	@if [ "$$GPUTAP_DEMO_GITHUB" = 1 ]; then $(PY) -m tests.github_sim.demo; \
 	else $(PY) -m hub_config.demo; fi
 
@@ -144,7 +168,7 @@ format: setup
 TEST_WORKERS ?= 4
 DURATIONS := --durations=50
 IMAGE_ONLY_TESTS := tests/kube tests/helm
-test: setup setup-jh55 system-packages lint
+test: setup-all system-packages lint
 	@$(PY) -m pytest -m long -p no:cacheprovider $(DURATIONS) > .pytest-long.log 2>&1 & \
 	long=$$!; \
 	$(PY) -m pytest -m "not long" -n $(TEST_WORKERS) --dist loadfile $(DURATIONS) \
@@ -188,4 +212,5 @@ bench: setup setup-jh55
 
 clean:
 	rm -rf $(VENV) $(JH55) $(DS) node_modules .demo .pytest_cache .hypothesis
-	rm -rf $(LAB)/lib $(LAB)/gputap_lab/labextension $(LAB)/tsconfig.tsbuildinfo $(LAB)/build
+	rm -rf $(LAB)/lib $(LAB)/gputap_lab/labextension $(LAB)/tsconfig.tsbuildinfo $(LAB)/build \
+	  $(LAB_DIST)
