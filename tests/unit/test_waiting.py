@@ -44,3 +44,18 @@ async def test_the_async_form_awaits_a_coroutine_predicate():
     assert await wait_for_async(phase, "the pod running", timeout=1, step=0.01) == "running"
     with pytest.raises(AssertionError, match=r"not within 0.1s \(last value None\): nothing"):
         await wait_for_async(lambda: None, "nothing", timeout=0.1)
+
+
+def test_a_long_wait_asks_less_often_up_to_half_a_second():
+    asked: list[float] = []
+    with pytest.raises(AssertionError):
+        wait_for(lambda: asked.append(time.monotonic()), "nothing", timeout=3, step=0.05)
+    pauses = [b - a for a, b in itertools.pairwise(asked)]
+    assert pauses[0] < 0.1  # quick at first
+    assert max(pauses[:-1]) <= 0.5 + 0.1  # never longer than half a second (the last: the deadline)
+    assert 8 <= len(asked) <= 20  # 60 at a steady 0.05 s
+    # a step longer than half a second is kept
+    asked.clear()
+    with pytest.raises(AssertionError):
+        wait_for(lambda: asked.append(time.monotonic()), "nothing", timeout=1.6, step=0.8)
+    assert len(asked) == 3
