@@ -32,6 +32,8 @@ class ScaleOut:
     def group(self) -> WorkerGroup:
         if self._group is None:
             self._group = WorkerGroup(self.owner, self.user)
+            if self._saved:
+                self._group.keep_ended(self._saved)
         return self._group
 
     def to_state(self, state: dict[str, Any]) -> None:

@@ -118,6 +118,9 @@ class WorkerGroup:
         self._starts: dict[int, Start] = {}
         #: workers whose agent sent a malformed status (logged once each)
         self._garbled: set[int] = set()
+        #: how the workers that ended under an earlier spawner object ended (their views, by
+        #: index): JupyterHub drops a stopped server's spawner, and the group's state outlives it
+        self.ended: dict[int, dict[str, Any]] = {}
 
     # -- views ----------------------------------------------------------------------------
 
@@ -130,9 +133,10 @@ class WorkerGroup:
         live = [w for w in self.workers.values() if w.state in LIVE and w.record]
         rate = sum(self._rate(w) for w in live)
         placed = [w.record for w in self.active if w.record]
+        views = {**self.ended, **{w.index: w.view() for w in self.workers.values()}}
         view: dict[str, Any] = {
             "server": self.owner.name,
-            "workers": [w.view() for w in sorted(self.workers.values(), key=lambda w: w.index)],
+            "workers": [views[i] for i in sorted(views)],
             "count": len(self.active),
             "request": request_view(self.request.request) if self.request else None,
             "offering": placed[0].offering if placed else None,
@@ -516,9 +520,11 @@ class WorkerGroup:
         return task
 
     def to_state(self) -> dict[str, Any] | None:
-        if not self.workers:
+        if not self.workers and not self.ended:
             return None
         live = [w.to_state() for w in self.workers.values() if w.state in LIVE]
+        ended = {**self.ended}
+        ended.update((w.index, w.view()) for w in self.workers.values() if w.state not in ACTIVE)
         return {
             # no worker can use the token once none is live: it is not kept at rest
             "token": self.token if live else "",
@@ -529,12 +535,20 @@ class WorkerGroup:
                 "options": request_view(self.request.request),
             },
             "workers": live,
+            # how the others ended, for the group's view once the server has stopped too
+            "ended": [ended[i] for i in sorted(ended)],
         }
+
+    def keep_ended(self, state: dict[str, Any]) -> None:
+        """Show how the saved group's ended workers ended (nothing is watched or billed)."""
+        for view in state.get("ended") or []:
+            self.ended[int(str(view["name"]).removeprefix("w"))] = dict(view)
 
     def load_state(self, state: dict[str, Any], parse_request: Callable[[dict], Request]) -> None:
         """The group as saved; workers that still run are watched again (their sessions
         stay open), those that ended meanwhile are settled at the last time they were seen."""
         self.token = str(state.get("token") or "")
+        self.keep_ended(state)
         saved = state.get("request")
         if saved:
             self.request = WorkerRequest(

@@ -1,5 +1,6 @@
 """A worker group's life (spawner/lifecycle/workers.py) with a fake backend and a fake billing:
-a stop while workers are placed, an agent's malformed status, the token at rest."""
+a stop while workers are placed, an agent's malformed status, the token at rest, how the
+workers ended kept for the next spawner object."""
 
 import asyncio
 import logging
@@ -9,6 +10,7 @@ from spawner.core.catalog import Catalog
 from spawner.core.placement import CardRequest, FreeView
 from spawner.core.record import ServerRecord
 from spawner.core.workers import READY, STOPPED, Worker, WorkerRequest
+from spawner.lifecycle.scale_out import STATE_KEY, ScaleOut
 from spawner.lifecycle.workers import WorkerGroup
 
 CATALOG = Catalog.load()
@@ -181,3 +183,30 @@ async def test_the_token_is_not_kept_once_no_worker_runs_and_a_new_group_gets_a_
     await group.scale(TWO)
     assert group.token and group.token != first
     await group.stop("done")
+
+
+async def test_how_the_workers_ended_outlives_the_spawner_object():
+    """JupyterHub drops a stopped server's spawner: the group's view on the next one still
+    says how the last workers ended, and a new group's workers take their places."""
+    owner = Owner()
+    owner.billing.admitted.set()
+    group = WorkerGroup(owner, "ada")
+    await group.scale(TWO)
+    await group.stop("Stopped: your credit ran out.")
+    state = group.to_state()
+    assert state["workers"] == [] and state["token"] == ""
+
+    scale_out = ScaleOut(owner, "ada")  # the next spawner object's
+    scale_out.load_state({STATE_KEY: state})
+    view = scale_out.group.view()
+    assert [(w["name"], w["state"]) for w in view["workers"]] == [("w1", STOPPED), ("w2", STOPPED)]
+    assert all(w["reason"] == "Stopped: your credit ran out." for w in view["workers"])
+    assert view["count"] == 0 and "token" not in view
+    saved: dict = {}
+    scale_out.to_state(saved)
+    assert saved[STATE_KEY]["ended"] == state["ended"]  # kept through the next save
+
+    await scale_out.group.scale(TWO)
+    names = [(w["name"], w["state"]) for w in scale_out.group.view()["workers"]]
+    assert [n for n, _ in names] == ["w1", "w2"] and STOPPED not in {s for _, s in names}
+    await scale_out.group.stop("done")
