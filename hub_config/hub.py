@@ -19,12 +19,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from gputap_common import scopes
-from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import Settings, SettingsError
 from spawner.core.apps import check_apps
 from spawner.core.catalog import load_catalog
 from spawner.core.environments import environments_from_settings
-from spawner.kube.watch import WATCH_SECONDS
 from spawner.lifecycle import faults
 from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.machine import DeviceSource
@@ -277,7 +275,12 @@ def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
 def _reflectors(c: Any) -> None:
     """KubeSpawner's pod and event reflectors (how the hub sees a server start and stop) time
     their watches out as gputap's own do: KubeSpawner's default would leave a watch whose
-    connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches")."""
+    connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches").
+    Imported here: the Kubernetes client costs a one-machine hub 0.3-0.5 CPU-s at every
+    start (docs/architecture.md, "Start-up cost")."""
+    from gputap_common.kube_watch import WATCH_GRACE_SECONDS
+    from spawner.kube.watch import WATCH_SECONDS
+
     c.ResourceReflector.timeout_seconds = WATCH_SECONDS
     c.ResourceReflector.request_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
 
