@@ -6,7 +6,6 @@ serves `make demo`, the tests and (later) the Helm chart's hub image.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import secrets
@@ -23,6 +22,7 @@ from gputap_common.settings import Settings, SettingsError
 from spawner.core.apps import check_apps
 from spawner.core.catalog import load_catalog
 from spawner.core.environments import environments_from_settings
+from spawner.kube.homes import KUBE_HOME
 from spawner.lifecycle import faults
 from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.machine import DeviceSource
@@ -48,7 +48,6 @@ SERVER_TOKEN_SCOPES = [
     f"{scopes.DISKS}!user",
 ]
 #: where servers' pods mount the user's home (the single-user image's user's home)
-KUBE_HOME = "/home/jovyan"
 #: options of every cookie the hub, billing and the servers set: SameSite=Lax (Strict would
 #: drop the login on the OAuth redirects back from GitHub and on links into the hub)
 COOKIE_OPTIONS = {"samesite": "Lax"}
@@ -165,8 +164,11 @@ def apply(c: Any, settings: Settings) -> None:
     if backend == "local":
         _local_backend(c, spawner)
     else:
-        _kubernetes_backend(c, spawner["kubernetes"])
-        _hub_for_pods(c, spawner["kubernetes"], hub["hub_port"])
+        # imported here: the Kubernetes client costs a one-machine hub 0.3-0.5 CPU-s at
+        # every start (docs/architecture.md, "Start-up cost")
+        from . import kube_backend
+
+        kube_backend.configure(c, spawner["kubernetes"], hub["hub_port"])
     _services(c, settings, hub_token)
     _idle_culler(c, settings.section("idle"), backend)
     apply_shared(c, settings, base_url)
@@ -234,91 +236,6 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
         c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
     c.GPULocalSpawner.homes_root = spawner["homes_root"]
     c.GPULocalSpawner.run_as_system_user = spawner["run_as_system_user"]
-
-
-def _kubernetes_backend(c: Any, kube: dict[str, Any]) -> None:
-    c.JupyterHub.spawner_class = "gputap-kubernetes"
-    if kube["api_host"]:
-        c.KubeSpawner.k8s_api_host = kube["api_host"]
-    if kube["hub_connect_url"]:
-        c.JupyterHub.hub_connect_url = kube["hub_connect_url"]
-    c.KubeSpawner.namespace = kube["namespace"]
-    c.KubeSpawner.image = kube["image"]
-    if kube["cmd"]:
-        c.KubeSpawner.cmd = list(kube["cmd"])
-    if kube["args"]:
-        c.KubeSpawner.args = list(kube["args"])
-    # beside z2jh's singleuser.extraEnv on the chart (gputap's own win where both name one)
-    c.KubeSpawner.environment = {**c.KubeSpawner.get("environment", {}), **kube["environment"]}
-    # one home per user, kept across servers, restarts and card changes
-    c.KubeSpawner.storage_pvc_ensure = True
-    c.KubeSpawner.pvc_name_template = "home-{username}"
-    c.KubeSpawner.storage_capacity = kube["home_size"]
-    if kube["storage_class"]:
-        c.KubeSpawner.storage_class = kube["storage_class"]
-    c.KubeSpawner.storage_access_modes = [kube["home_access_mode"]]
-    c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
-    c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": KUBE_HOME}]
-    _reflectors(c)
-    # servers run as the single-user image's user; volumes arrive owned by root, so they are
-    # given to its group (fsGroup), or a fresh home is not writable (docs/kubernetes.md)
-    c.KubeSpawner.uid = kube["uid"]
-    c.KubeSpawner.fs_gid = kube["fs_gid"]
-    # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
-    classes = kube["priority_classes"]
-    if classes["on_demand"]:
-        c.GPUKubeSpawner.on_demand_priority_class = classes["on_demand"]
-    if classes["spot"]:
-        c.GPUKubeSpawner.spot_priority_class = classes["spot"]
-
-
-def _reflectors(c: Any) -> None:
-    """KubeSpawner's pod and event reflectors (how the hub sees a server start and stop) time
-    their watches out as gputap's own do: KubeSpawner's default would leave a watch whose
-    connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches").
-    Imported here: the Kubernetes client costs a one-machine hub 0.3-0.5 CPU-s at every
-    start (docs/architecture.md, "Start-up cost")."""
-    from gputap_common.kube_watch import WATCH_GRACE_SECONDS
-    from spawner.kube.watch import WATCH_SECONDS
-
-    c.ResourceReflector.timeout_seconds = WATCH_SECONDS
-    c.ResourceReflector.request_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
-
-
-def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
-    """Where the hub listens when it runs on a machine of its own and spawns pods: at an
-    address pods reach (``spawner.kubernetes.hub_ip``), never loopback only. A pod has its own
-    network namespace, whose 127.0.0.1 is the pod itself (docs/kubernetes.md, "How servers
-    reach the hub"); servers are told http://HUB_IP:HUB_PORT, or ``hub_connect_url``."""
-    where = "spawner.kubernetes.hub_ip"
-    hint = (
-        "an IP address of this machine that the pods reach, such as the node's InternalIP or "
-        "the pod network's gateway on it (k3s: 10.42.0.1), or 0.0.0.0 with "
-        "spawner.kubernetes.hub_connect_url"
-    )
-    if not kube["hub_ip"]:
-        raise SettingsError(
-            f"{where} is empty: servers' pods have their own network and cannot reach a hub on "
-            f"127.0.0.1; set it to {hint}"
-        )
-    try:
-        address = ipaddress.ip_address(kube["hub_ip"])
-    except ValueError:
-        raise SettingsError(
-            f"{where} {kube['hub_ip']!r} is not an IP address; set it to {hint}"
-        ) from None
-    if address.is_loopback:
-        raise SettingsError(
-            f"{where} {address} is a loopback address, which in a pod is the pod itself; "
-            f"set it to {hint}"
-        )
-    if address.is_unspecified and not kube["hub_connect_url"]:
-        raise SettingsError(
-            f"{where} {address} listens on every address but names none a pod can dial "
-            "(JupyterHub would tell servers this machine's hostname); set "
-            f"spawner.kubernetes.hub_connect_url too, e.g. http://10.42.0.1:{hub_port}"
-        )
-    c.JupyterHub.hub_ip = str(address)
 
 
 def _environments(c: Any, settings: Settings) -> None:

@@ -24,13 +24,8 @@ from typing import Any
 from gputap_common import scopes
 from gputap_common.settings import Settings, SettingsError, settings_from_mapping
 
-from .hub import (
-    _idle_culler,
-    _kubernetes_backend,
-    _url_path,
-    apply_shared,
-    people_roles,
-)
+from .hub import _idle_culler, _url_path, apply_shared, people_roles
+from .kube_backend import configure_spawner
 
 #: how the settings are named in a refusal: where an operator wrote them
 ORIGIN = "jupyterhub.custom.gputap"
@@ -159,7 +154,7 @@ def configure(
     settings = chart_settings(raw, environ)
     kube = settings.spawner["kubernetes"]
     _same_server_user(c, kube)
-    _kubernetes_backend(c, kube)
+    configure_spawner(c, kube)
     if not isinstance(c.JupyterHub.get("load_roles"), list):
         c.JupyterHub.load_roles = []
     _billing(c, settings, environ)

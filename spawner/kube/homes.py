@@ -17,6 +17,9 @@ from typing import Any
 
 from gputap_common import labels
 
+#: where the single-user image's user has their home, and each user's home volume is mounted
+KUBE_HOME = "/home/jovyan"
+
 #: access modes of volumes that many nodes mount at once
 SHARED_MODES = ("ReadWriteMany", "ReadOnlyMany")
 _FINISHED = ("Succeeded", "Failed")

@@ -1,0 +1,104 @@
+"""The hub's configuration for the Kubernetes backend (``spawner.backend: kubernetes``):
+KubeSpawner's settings from gputap's, its reflectors' timing, where pods reach the hub.
+
+A module of its own, imported only when that backend is configured: the Kubernetes client it
+brings costs a one-machine hub 0.3-0.5 CPU-s at every start (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from gputap_common.kube_watch import WATCH_GRACE_SECONDS
+from gputap_common.settings import SettingsError
+from spawner.kube.homes import KUBE_HOME
+from spawner.kube.watch import WATCH_SECONDS
+
+
+def configure(c: Any, kube: dict[str, Any], hub_port: int) -> None:
+    """Fill JupyterHub's config object ``c`` for servers as pods (``spawner.kubernetes``), the
+    hub on a machine of its own (on the chart, z2jh places the hub: hub_config/z2jh.py)."""
+    configure_spawner(c, kube)
+    _hub_for_pods(c, kube, hub_port)
+
+
+def configure_spawner(c: Any, kube: dict[str, Any]) -> None:
+    """KubeSpawner's settings from ``spawner.kubernetes``: image, homes, users, priorities."""
+    c.JupyterHub.spawner_class = "gputap-kubernetes"
+    if kube["api_host"]:
+        c.KubeSpawner.k8s_api_host = kube["api_host"]
+    if kube["hub_connect_url"]:
+        c.JupyterHub.hub_connect_url = kube["hub_connect_url"]
+    c.KubeSpawner.namespace = kube["namespace"]
+    c.KubeSpawner.image = kube["image"]
+    if kube["cmd"]:
+        c.KubeSpawner.cmd = list(kube["cmd"])
+    if kube["args"]:
+        c.KubeSpawner.args = list(kube["args"])
+    # beside z2jh's singleuser.extraEnv on the chart (gputap's own win where both name one)
+    c.KubeSpawner.environment = {**c.KubeSpawner.get("environment", {}), **kube["environment"]}
+    # one home per user, kept across servers, restarts and card changes
+    c.KubeSpawner.storage_pvc_ensure = True
+    c.KubeSpawner.pvc_name_template = "home-{username}"
+    c.KubeSpawner.storage_capacity = kube["home_size"]
+    if kube["storage_class"]:
+        c.KubeSpawner.storage_class = kube["storage_class"]
+    c.KubeSpawner.storage_access_modes = [kube["home_access_mode"]]
+    c.KubeSpawner.volumes = [{"name": "home", "persistentVolumeClaim": {"claimName": "{pvc_name}"}}]
+    c.KubeSpawner.volume_mounts = [{"name": "home", "mountPath": KUBE_HOME}]
+    _reflectors(c)
+    # servers run as the single-user image's user; volumes arrive owned by root, so they are
+    # given to its group (fsGroup), or a fresh home is not writable (docs/kubernetes.md)
+    c.KubeSpawner.uid = kube["uid"]
+    c.KubeSpawner.fs_gid = kube["fs_gid"]
+    # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
+    classes = kube["priority_classes"]
+    if classes["on_demand"]:
+        c.GPUKubeSpawner.on_demand_priority_class = classes["on_demand"]
+    if classes["spot"]:
+        c.GPUKubeSpawner.spot_priority_class = classes["spot"]
+
+
+def _reflectors(c: Any) -> None:
+    """KubeSpawner's pod and event reflectors (how the hub sees a server start and stop) time
+    their watches out as gputap's own do: KubeSpawner's default would leave a watch whose
+    connection died without closing unnoticed for 60 s (docs/kubernetes.md, "Watches")."""
+    c.ResourceReflector.timeout_seconds = WATCH_SECONDS
+    c.ResourceReflector.request_timeout = WATCH_SECONDS + WATCH_GRACE_SECONDS
+
+
+def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
+    """Where the hub listens when it runs on a machine of its own and spawns pods: at an
+    address pods reach (``spawner.kubernetes.hub_ip``), never loopback only. A pod has its own
+    network namespace, whose 127.0.0.1 is the pod itself (docs/kubernetes.md, "How servers
+    reach the hub"); servers are told http://HUB_IP:HUB_PORT, or ``hub_connect_url``."""
+    where = "spawner.kubernetes.hub_ip"
+    hint = (
+        "an IP address of this machine that the pods reach, such as the node's InternalIP or "
+        "the pod network's gateway on it (k3s: 10.42.0.1), or 0.0.0.0 with "
+        "spawner.kubernetes.hub_connect_url"
+    )
+    if not kube["hub_ip"]:
+        raise SettingsError(
+            f"{where} is empty: servers' pods have their own network and cannot reach a hub on "
+            f"127.0.0.1; set it to {hint}"
+        )
+    try:
+        address = ipaddress.ip_address(kube["hub_ip"])
+    except ValueError:
+        raise SettingsError(
+            f"{where} {kube['hub_ip']!r} is not an IP address; set it to {hint}"
+        ) from None
+    if address.is_loopback:
+        raise SettingsError(
+            f"{where} {address} is a loopback address, which in a pod is the pod itself; "
+            f"set it to {hint}"
+        )
+    if address.is_unspecified and not kube["hub_connect_url"]:
+        raise SettingsError(
+            f"{where} {address} listens on every address but names none a pod can dial "
+            "(JupyterHub would tell servers this machine's hostname); set "
+            f"spawner.kubernetes.hub_connect_url too, e.g. http://10.42.0.1:{hub_port}"
+        )
+    c.JupyterHub.hub_ip = str(address)
