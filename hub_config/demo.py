@@ -114,6 +114,9 @@ def main() -> int:
             env=env,
         )
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    # Ctrl-C ends the demo even where it started with SIGINT ignored (a script's background
+    # job): Python raises KeyboardInterrupt only for a SIGINT it found not ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if not wait_healthy(url + "hub/health", proc):
             print(f"gputap did not start; see {log_path}", file=sys.stderr)

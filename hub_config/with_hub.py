@@ -6,7 +6,8 @@ that they never get the hub's signals; when the hub stops they are stopped by it
 A hub killed outright (``kill -9``, the out-of-memory killer) cleans nothing up: its billing
 kept the port, and the next hub's billing failed on it every 30 s. Put before a command, this
 module asks Linux to send the command SIGTERM when its parent dies (PR_SET_PDEATHSIG, kept
-across exec), then becomes the command. `make demo` starts the hub the same way, so a demo
+across exec), gives SIGINT back its default (a script's background job has it ignored), then
+becomes the command. `make demo` starts the hub the same way, so a demo
 killed outright stops its hub, which stops the rest. Elsewhere than Linux it only runs the
 command.
 """
@@ -46,6 +47,11 @@ def main(argv: list[str]) -> int:
         # the parent died before the request took effect: nobody is left to serve
         print(f"with_hub: process {parent} is gone; not starting {command[0]}", file=sys.stderr)
         return 1
+    # A shell runs a script's background jobs with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: the hub's stop of a service (SIGINT first) then waited its
+    # interrupt timeout, and Ctrl-C of a demo started from a script took a minute. The
+    # command gets SIGINT's default, so a Python command gets its KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execvp(command[0], command)
     return 127  # not reached: exec replaces this process or raises
 

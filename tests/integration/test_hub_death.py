@@ -132,3 +132,44 @@ def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform
             if demo.poll() is None:
                 demo.kill()
                 demo.wait()
+
+
+def _ignore_sigint() -> None:
+    # what a script's background job gets from its shell: SIGINT ignored, kept across exec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("started_from", ["a terminal", "a script"])
+def test_ctrl_c_stops_the_demo_and_all_it_started_within_5_seconds(platform, started_from):
+    """The hub, the proxy, billing and the culler (servers keep running: README)."""
+    env = {**platform._env(), "PYTHONUNBUFFERED": "1"}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "hub_config.demo"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=_ignore_sigint if started_from == "a script" else None,
+    )
+    try:
+        for line in demo.stdout:
+            if "gputap is running" in line:
+                break
+        else:
+            raise AssertionError(f"the demo did not start ({demo.wait()})")
+        pressed = time.monotonic()
+        os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        demo.wait(30)
+        wait_for(
+            lambda: none_left(platform),
+            lambda: f"nothing left after Ctrl-C; running: {processes(platform)}",
+            timeout=30,
+            step=0.1,
+        )
+        took = time.monotonic() - pressed
+        assert took <= 5, f"Ctrl-C took {took:.1f} s to stop everything ({started_from})"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
