@@ -10,6 +10,9 @@ reaper (hub_config/hub.py puts it before the server's command):
   descendant of the server re-parents to it instead of to init;
 - the hub's signals (SIGINT, then SIGTERM: JupyterHub's LocalProcessSpawner.stop) go on to
   the server, which shuts down as it would without the reaper;
+- the server gets SIGTERM when the reaper dies, even by kill -9 (``PR_SET_PDEATHSIG``): the
+  hub then finds the pid it records gone, settles billing and frees the devices, and the
+  server does not run on without them (its kernels end with it: they watch their parent);
 - once the server has exited, every descendant left gets SIGTERM, then SIGKILL after
   ``GRACE_SECONDS``, and the reaper waits for them all before it exits with the server's
   status. The hub's stop waits for the reaper's pid, so the server's devices are free only
@@ -27,6 +30,7 @@ import signal
 import sys
 import time
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: how long descendants left by the server have between SIGTERM and SIGKILL
 GRACE_SECONDS = 3.0
@@ -35,12 +39,26 @@ KILL_WAIT_SECONDS = 10.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def become_subreaper() -> None:
+def _prctl(option: int, value: int, what: str) -> None:
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({what}) failed")
+
+
+def become_subreaper() -> None:
+    _prctl(PR_SET_CHILD_SUBREAPER, 1, "PR_SET_CHILD_SUBREAPER")
+
+
+def end_with(parent: int) -> None:
+    """In the server's process: SIGTERM when ``parent`` (the reaper) dies, however it dies
+    (kill -9 included; kept across exec), so the server ends its kernels and exits rather than
+    run on, re-parented to init, unbilled and on a GPU the hub gives to someone else. A
+    reaper already gone when that took effect ends the server now."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM, "PR_SET_PDEATHSIG")
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
 
 
 def descendants(root: int) -> list[int]:
@@ -105,11 +123,13 @@ def end_all(me: int) -> list[int]:
 def run(command: list[str]) -> int:
     """Run ``command`` as the reaper of everything it starts; its exit status."""
     become_subreaper()
+    me = os.getpid()
     server = os.fork()
     if server == 0:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
         try:
+            end_with(me)
             os.execvp(command[0], command)
         except OSError as e:
             print(f"reaper: cannot run {command[0]}: {e}", file=sys.stderr)

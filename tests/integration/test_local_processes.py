@@ -11,6 +11,7 @@ import json
 import os
 import random
 import time
+from datetime import datetime
 
 import psutil
 import requests
@@ -96,3 +97,37 @@ def test_a_servers_detached_daemons_end_before_its_device_is_free(platform):
     platform.wait_ready("eli")
     assert platform.server_env("eli")["CUDA_VISIBLE_DEVICES"] == device
     platform.stop_server("eli")
+
+
+def test_a_server_whose_reaper_is_killed_outright_ends_is_billed_to_then_and_frees_its_gpu(
+    platform,
+):
+    """kill -9 of the pid the hub records (the server's reaper) once left the server running,
+    re-parented to init: billing ended and its GPU went to the next server while it ran on."""
+    platform.create_user("fay")
+    platform.create_user("gus")
+    token = platform.user_token("fay")
+    assert platform.spawn("fay", CARD).status_code in (201, 202)
+    wait_through_proxy(platform, "fay", token)
+    platform.wait_ready("fay")
+    seconds = f"{random.randint(10**6, 10**7)}.5"
+    type_in_terminal(platform, "fay", token, f"sleep {seconds}")  # a terminal's job
+    [job] = wait_for_processes(seconds, 1)
+    reaper = psutil.Process(platform.server("fay")["state"]["pid"])
+    [server] = reaper.children()
+    [session] = platform.sessions("fay")
+
+    reaper.kill()
+    killed = time.time()
+    gone = psutil.wait_procs([server, job], timeout=10)[1]
+    assert gone == [], f"{gone} outlived the reaper"
+    platform.wait_for(lambda: platform.server("fay") is None, "the hub found fay's server gone")
+    [ended] = [s for s in platform.sessions("fay") if s["id"] == session["id"]]
+    assert ended["state"] == "ended"
+    ended_at = datetime.fromisoformat(ended["ended_at"]).timestamp()
+    assert ended_at <= killed + 1  # billed until it was last seen alive, not beyond
+
+    # the card is free, and the next user's server gets it
+    assert platform.spawn("gus", CARD).status_code in (201, 202)
+    platform.wait_ready("gus")
+    platform.stop_server("gus")

@@ -42,3 +42,22 @@ def test_the_hubs_signal_reaches_the_server_which_ends_as_it_would(tmp_path):
     os.kill(reaper.pid, signal.SIGINT)  # JupyterHub's first stop signal
     assert reaper.wait(10) == 0
     assert (tmp_path / "bye").read_text() == "bye\n"
+
+
+def test_a_reaper_killed_outright_takes_its_server_with_it(tmp_path):
+    """kill -9 of the reaper (the pid the hub records) leaves no server running unbilled:
+    the server is told (SIGTERM, so it ends its kernels) as its reaper dies."""
+    ready, bye = tmp_path / "ready", tmp_path / "bye"
+    script = f"trap 'echo bye > {bye}; exit 0' TERM; echo $$ > {ready}; while :; do sleep 0.1; done"
+    reaper = subprocess.Popen([*reaper_command(), "sh", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (ready.exists() and ready.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server = int(ready.read_text())
+    reaper.kill()
+    reaper.wait(10)
+    deadline = time.monotonic() + 5
+    while alive(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(server), "the server outlived its reaper"
+    assert bye.read_text() == "bye\n"
