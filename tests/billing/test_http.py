@@ -621,3 +621,21 @@ def test_moving_an_account_is_for_the_hub_and_billing_admins(hub, as_hub, as_ops
     r = as_ops("POST", "api/accounts/mover-new/move", json={"to": "mover-3"})
     assert r.status_code == 409
     assert r.json()["message"].startswith("mover-3 already holds paid credit 1.50")
+
+
+def test_the_page_names_a_past_worker_session_as_its_servers_worker(hub, as_hub):
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 300))
+    base = {"username": "wes", "sku": "cpu", "count": 1, "started_at": start}
+    for extra in ({"id": "wes-srv", "server_name": "train"},
+                  {"id": "wes-w1", "server_name": "train", "worker": "w1"}):  # fmt: skip
+        assert as_hub("POST", "api/sessions", json={**base, **extra}).status_code == 201
+        assert as_hub("POST", f"api/sessions/{extra['id']}/stop", json={"ended_at": end}).ok
+    browser = requests.Session()
+    login = browser.get(hub.billing, timeout=10)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', login.text).group(1)
+    page = browser.post(
+        login.url, data={"username": "wes", "password": "x", "_xsrf": xsrf}, timeout=10
+    )
+    rows = re.findall(r'<tr class="session" data-id="(wes-[^"]+)">\s*<td>([^<]*)</td>', page.text)
+    assert dict(rows) == {"wes-srv": "train", "wes-w1": "train worker w1"}, rows
