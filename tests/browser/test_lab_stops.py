@@ -93,6 +93,11 @@ def test_the_panels_stop_button_stops_the_server_and_says_who(platform, browser)
     platform.wait_stopped("stefan")
     [session] = platform.sessions("stefan")
     assert session["state"] == "ended"
+    # nothing else of stefan's runs: his credit stops falling with the server
+    credit = page.get_by_test_id("gputap-balance")
+    frozen = credit.inner_text()
+    time.sleep(3)
+    assert credit.inner_text() == frozen
     expect(page.get_by_test_id("gputap-stop-button")).to_be_disabled()
     # the hub's home links back: the dialog's Hub home button goes there
     page.get_by_role("button", name="Hub home").click()

@@ -379,8 +379,12 @@ export class GPUTapModel {
       return grown;
     }
     const elapsed = this._syncedAt ? Date.now() - this._syncedAt : 0;
+    // this server's sessions (its workers' too) end with it: past its stop they cost no more
+    const own = this.server?.session?.server_name;
+    const ownElapsed = this.secondsSinceSync() * 1000;
     for (const s of [...(account.running ?? []), ...(account.storage ?? [])]) {
-      const seconds = (Date.parse(account.as_of) - Date.parse(s.started_at) + elapsed) / 1000;
+      const since = own !== undefined && s.server_name === own ? ownElapsed : elapsed;
+      const seconds = (Date.parse(account.as_of) - Date.parse(s.started_at) + since) / 1000;
       const now = costMicro(seconds, s.price_per_hour_micro * s.count);
       const key = s.course || '';
       grown[key] = (grown[key] ?? 0) + now - (s.cost_micro ?? 0);
