@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from gputap_lab import gpu, sampler
+from gputap_lab.cpu import ProcessTreeCPU, tree_cpu_seconds
 from gputap_lab.gpu import DeviceSample, GPUUnavailable, NvmlReader, visible_devices
 from gputap_lab.hub import HubClient, HubNotConfigured, gputap_api_url, server_path
 from gputap_lab.sampler import ACTIVITY_KEY, BusyRule, Sampler, history_point
 from tests.lab.fake_gpu import BusyGPU, BusyMIG, IdleGPU, IdleMIG, NoNVML
+from tests.waiting import wait_for
 
 GIB = 1024**3
 log = logging.getLogger("test")
@@ -85,6 +91,48 @@ def test_unlisted_processes_judged_by_memory_above_the_idle_floor():
     # the context ends: memory back to the driver's own is idle at once
     assert rule([device(None, None, driver)], T0 + timedelta(seconds=71)) is False
     assert rule([device(None, None, None)], T0 + timedelta(seconds=72)) is False
+
+
+def test_a_steady_slice_whose_processes_keep_using_the_cpu_stays_busy():
+    """A100/A30 slices count no activity of their own: a training loop holding the same
+    memory for hours is still busy while the server's processes work on the CPU, which
+    feeding a GPU takes; the same hold with the processes asleep is idle as before."""
+    rule = BusyRule(10, steady_idle_seconds=60, busy_cpu_percent=20)
+    held = device(None, 1, 3 * GIB, ((4010, 3 * GIB),))
+    assert rule([held], T0, cpu_percent=0.0) is True  # listed at start
+    later = T0 + timedelta(hours=2)
+    assert rule([held], later, cpu_percent=95.0) is True
+    assert rule([held], later + timedelta(seconds=1), cpu_percent=19.0) is False
+    assert rule([held], later + timedelta(seconds=2), cpu_percent=None) is False  # not known
+    # nothing held: the CPU alone is no GPU work (the server's own activity counts that)
+    assert rule([device(None, 0, GIB, ())], later + timedelta(seconds=3), cpu_percent=95.0) is False
+    # a whole GPU: its utilisation decides, whatever the CPU does
+    assert rule([device(0, 1, 3 * GIB)], later, cpu_percent=95.0) is False
+
+
+def test_the_cpu_of_the_servers_process_tree_live_and_ended():
+    # a "server" whose child uses half a CPU-second, sleeps, ends and is waited for
+    spin = "import time\nwhile time.process_time() < 0.5: pass\ntime.sleep(1)"
+    server_code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {spin!r}])\n"
+        "time.sleep(60)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", server_code])
+    try:
+        # clock ticks: half a CPU-second may read 0.49
+        counted = wait_for(lambda: (tree_cpu_seconds(server.pid) or 0) >= 0.4, timeout=60)
+        assert counted  # while the child lives
+        wait_for(lambda: not psutil.Process(server.pid).children(), timeout=30)
+        assert tree_cpu_seconds(server.pid) >= 0.4  # and once it ended and was waited for
+    finally:
+        server.kill()
+        server.wait()
+    me = os.getpid()
+    tree = ProcessTreeCPU(me)
+    assert tree.percent() is None  # one reading: nothing to compare yet
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(1)"], check=True)
+    assert 0 <= tree.percent() < 30  # a sleeping child: its start-up only
 
 
 def test_utilisation_decides_where_there_is_one():

@@ -83,12 +83,22 @@ class GPUTapLab(ExtensionApp):
         compute processes hold it (or, where NVML does not list them to this server, memory
         above what the slice held idle) and what they hold changed within this many minutes:
         a context that keeps the same processes and memory this long counts as idle, so an
-        idle slice is culled and stops being billed. A long job whose processes and memory
-        never change counts as idle too (NVML shows no more of its work on these GPUs): the
-        server then lives on its other activity (kernel output, use), so raise this for
-        such jobs.
+        idle slice is culled and stops being billed, unless the server's processes keep a
+        CPU busy (mig_busy_cpu_percent), as a job feeding the slice does.
 
             c.GPUTapLab.mig_steady_idle_minutes = 10
+        """,
+    )
+
+    mig_busy_cpu_percent = Float(
+        20.0,
+        config=True,
+        help="""A MIG slice without activity counters of its own (A100, A30) that something
+        holds is busy, however long what it holds stays the same, while the server's own
+        processes (kernels, terminals' jobs) use at least this percent of one CPU between
+        two samples: a training loop feeding the slice does, a finished context does not.
+
+            c.GPUTapLab.mig_busy_cpu_percent = 20
         """,
     )
 
@@ -136,6 +146,7 @@ class GPUTapLab(ExtensionApp):
         "history_seconds",
         "hub_timeout_seconds",
         "mig_steady_idle_minutes",
+        "mig_busy_cpu_percent",
     )
     def _positive(self, proposal):
         if proposal.value <= 0:
@@ -167,6 +178,7 @@ class GPUTapLab(ExtensionApp):
             history_seconds=self.history_seconds,
             busy_utilization_percent=self.busy_utilization_percent,
             steady_idle_seconds=60 * self.mig_steady_idle_minutes,
+            busy_cpu_percent=self.mig_busy_cpu_percent,
             settings=self.serverapp.web_app.settings,
             log=self.log,
             health=health,

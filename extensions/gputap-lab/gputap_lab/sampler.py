@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .cpu import ProcessTreeCPU
 from .gpu import DeviceSample, GPUReader, GPUUnavailable
 from .health import HealthMonitor
 
@@ -50,22 +52,32 @@ class BusyRule:
     last ``steady_idle_seconds``: its compute processes (ids and memory), when NVML lists
     them, else its used memory above the least seen. A context that holds the same memory
     unchanged that long does no work that NVML can see: it is idle, so it cannot keep a
-    slice busy forever.
+    slice busy forever, unless the server's processes use at least ``busy_cpu_percent`` of
+    a CPU meanwhile (``cpu_percent``, from cpu.py): a loop feeding the slice does.
     """
 
-    def __init__(self, busy_utilization_percent: int, steady_idle_seconds: float) -> None:
+    def __init__(
+        self,
+        busy_utilization_percent: int,
+        steady_idle_seconds: float,
+        busy_cpu_percent: float = 20.0,
+    ) -> None:
         self.busy_utilization_percent = busy_utilization_percent
         self.steady_idle = timedelta(seconds=steady_idle_seconds)
+        self.busy_cpu_percent = busy_cpu_percent
         self._held: dict[str, _Held] = {}
 
-    def __call__(self, devices: list[DeviceSample], now: datetime) -> bool:
+    def __call__(
+        self, devices: list[DeviceSample], now: datetime, cpu_percent: float | None = None
+    ) -> bool:
+        working = cpu_percent is not None and cpu_percent >= self.busy_cpu_percent
         busy = False
         for device in devices:
             # every device is looked at: each one's memory of changes must stay current
-            busy = self._busy(device, now) or busy
+            busy = self._busy(device, now, working) or busy
         return busy
 
-    def _busy(self, device: DeviceSample, now: datetime) -> bool:
+    def _busy(self, device: DeviceSample, now: datetime, working: bool = False) -> bool:
         if device.utilization_percent is not None:
             return device.utilization_percent >= self.busy_utilization_percent
         memory = device.memory_used_bytes
@@ -82,7 +94,10 @@ class BusyRule:
             holds = device.compute_processes > 0
         else:
             holds = memory is not None and held.floor is not None and memory > held.floor
-        return holds and held.changed_at is not None and now - held.changed_at < self.steady_idle
+        if not holds:
+            return False
+        recent = held.changed_at is not None and now - held.changed_at < self.steady_idle
+        return recent or working
 
 
 def history_point(at: datetime, devices: list[DeviceSample], busy: bool) -> dict[str, Any]:
@@ -120,6 +135,7 @@ class Sampler:
         settings: dict[str, Any],
         log: logging.Logger,
         steady_idle_seconds: float = 600.0,
+        busy_cpu_percent: float = 20.0,
         health: HealthMonitor | None = None,
     ) -> None:
         self.reader = reader
@@ -128,7 +144,10 @@ class Sampler:
         self.interval_seconds = interval_seconds
         self.history_seconds = history_seconds
         self.busy_utilization_percent = busy_utilization_percent
-        self.rule = BusyRule(busy_utilization_percent, steady_idle_seconds)
+        self.rule = BusyRule(busy_utilization_percent, steady_idle_seconds, busy_cpu_percent)
+        #: the CPU of this server's processes, for slices without counters of their own
+        self.cpu = ProcessTreeCPU(os.getpid())
+        self.cpu_percent: float | None = None
         self.settings = settings
         self.log = log
         self.history: deque[dict[str, Any]] = deque(
@@ -168,6 +187,7 @@ class Sampler:
         loop = asyncio.get_running_loop()
         try:
             devices = await loop.run_in_executor(self._executor, self.reader.read)
+            self.cpu_percent = await loop.run_in_executor(self._executor, self.cpu.percent)
         except GPUUnavailable as e:
             if self.message != str(e):
                 self.log.warning("gputap: no GPU numbers: %s", e)
@@ -180,7 +200,7 @@ class Sampler:
         self.message = None
         now = utcnow()
         self._log_device_errors(devices)
-        busy = self.rule(devices, now)
+        busy = self.rule(devices, now, self.cpu_percent)
         if busy != self.busy:
             self.log.info("gputap: GPU %s", "busy" if busy else "idle")
         self.devices, self.busy, self.sampled_at = devices, busy, now
@@ -246,6 +266,7 @@ class Sampler:
             "interval_seconds": self.interval_seconds,
             "history_seconds": self.history_seconds,
             "busy_utilization_percent": self.busy_utilization_percent,
+            "cpu_percent": None if self.cpu_percent is None else round(self.cpu_percent, 1),
             "devices": [d.to_json() for d in self.devices] if self.available else [],
             "history": list(self.history) if self.available else [],
         }
