@@ -32,13 +32,13 @@ from ..core.catalog import Catalog
 from ..core.placement import Placement
 from .inventory import (
     GPU_RESOURCE,
+    GPU_TOLERATIONS,
     HOSTNAME_LABEL,
     MIG_PREFIX,
     PRODUCT_LABEL,
     SHARED_RESOURCE,
 )
 
-GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 #: NVIDIA Container Toolkit: "void" (like unset) exposes no GPU and no driver. CUDA images
 #: set NVIDIA_VISIBLE_DEVICES=all, which a pod without a GPU request keeps: on a GPU node
 #: without the nvidia.com/gpu taint it would see, and use, every GPU of the node.
