@@ -442,7 +442,10 @@ def _gpu_faults(c: Any, settings: Settings) -> None:
             "ssl_ca_cert": spawner_config.get("k8s_api_ssl_ca_cert"),
             "verify_ssl": spawner_config.get("k8s_api_verify_ssl"),
         }
-        start = partial(start_kube, catalog=catalog, api=api)
+        # as the spawners have them (GPUKubeSpawner's own over KubeSpawner's): nodes tainted
+        # against them offer nothing
+        tolerations = c.GPUKubeSpawner.get("tolerations", spawner_config.get("tolerations")) or []
+        start = partial(start_kube, catalog=catalog, api=api, tolerations=tolerations)
     else:
         source = DeviceSource(
             inventory=spawner["inventory"],

@@ -15,6 +15,9 @@ from gputap_common.settings import SettingsError
 from spawner.kube.homes import KUBE_HOME
 from spawner.kube.watch import WATCH_SECONDS
 
+#: when the kubelet gives a volume to fs_gid: only when its root is not the group's already
+FS_GROUP_CHANGE_POLICY = "OnRootMismatch"
+
 
 def configure(c: Any, kube: dict[str, Any], hub_port: int) -> None:
     """Fill JupyterHub's config object ``c`` for servers as pods (``spawner.kubernetes``), the
@@ -24,7 +27,8 @@ def configure(c: Any, kube: dict[str, Any], hub_port: int) -> None:
 
 
 def configure_spawner(c: Any, kube: dict[str, Any]) -> None:
-    """KubeSpawner's settings from ``spawner.kubernetes``: image, homes, users, priorities."""
+    """KubeSpawner's settings from ``spawner.kubernetes``: image, homes, users, runtime
+    class, priorities."""
     c.JupyterHub.spawner_class = "gputap-kubernetes"
     if kube["api_host"]:
         c.KubeSpawner.k8s_api_host = kube["api_host"]
@@ -52,6 +56,18 @@ def configure_spawner(c: Any, kube: dict[str, Any]) -> None:
     # given to its group (fsGroup), or a fresh home is not writable (docs/kubernetes.md)
     c.KubeSpawner.uid = kube["uid"]
     c.KubeSpawner.fs_gid = kube["fs_gid"]
+    # and only when a volume's root is not the group's yet: a home of a million files is not
+    # walked and re-chowned at every start (an operator's own policy stays)
+    c.KubeSpawner.pod_security_context = {
+        "fsGroupChangePolicy": FS_GROUP_CHANGE_POLICY,
+        **c.KubeSpawner.get("pod_security_context", {}),
+    }
+    if kube["runtime_class"]:
+        # beside z2jh's singleuser.extraPodConfig on the chart; workers copy it from the server
+        c.KubeSpawner.extra_pod_config = {
+            **c.KubeSpawner.get("extra_pod_config", {}),
+            "runtimeClassName": kube["runtime_class"],
+        }
     # they must exist: the Helm chart creates them, one machine's operator does (kubernetes.md)
     classes = kube["priority_classes"]
     if classes["on_demand"]:

@@ -8,8 +8,10 @@ internal/lm): ``nvidia.com/gpu`` whole cards; MIG slices as ``nvidia.com/mig-<pr
 (``renameByDefault``), or as ``nvidia.com/gpu`` on a node whose product label ends
 ``-SHARED``. Free = allocatable (the device plugin leaves unhealthy GPUs out) minus the
 requests of non-terminal pods bound to the node. A node that takes no new pods offers
-nothing: cordoned, not Ready, or tainted by Kubernetes itself (``node.kubernetes.io/``
-not-ready, unreachable, ... with NoSchedule or NoExecute), or closed by gputap for a fault.
+nothing: cordoned, not Ready, tainted by Kubernetes itself (``node.kubernetes.io/``
+not-ready, unreachable, ... with NoSchedule or NoExecute), tainted NoSchedule or NoExecute by
+anything else (the cluster autoscaler's ``ToBeDeletedByClusterAutoscaler``, a health agent)
+where the servers' tolerations do not match the taint, or closed by gputap for a fault.
 
 GPU faults (spawner/kube/health.py, docs/design-gpu-faults.md): the fault desk holds units of
 faulty devices out (:meth:`ClusterInventory.hold_out`) and closes faulty nodes
@@ -23,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -47,6 +49,10 @@ SHARED_SUFFIX = "-SHARED"
 #: taints the node lifecycle controller and the kubelet set (not-ready, unreachable,
 #: memory-pressure, unschedulable, ...): no gputap pod tolerates them
 KUBERNETES_TAINTS = "node.kubernetes.io/"
+#: taint effects that keep a new pod off a node (PreferNoSchedule only discourages)
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+#: what every GPU server and worker tolerates: the GPU nodes' taint (spawner.kube.objects)
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 _QUANTITY = re.compile(
@@ -94,11 +100,40 @@ class NodeGPUs:
     capacity: dict[str, int] = field(default_factory=dict)
 
 
-def takes_pods(node: Mapping[str, Any]) -> bool:
-    """Whether the scheduler would place a new gputap pod on the node: not cordoned, Ready,
-    and without a NoSchedule or NoExecute taint of Kubernetes' own. (kube-scheduler keeps
-    pods off NotReady nodes through the taints alone; a Ready condition that is not True
-    counts too, for the moments before the controller taints the node.)"""
+def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Whether one of a pod's ``tolerations`` matches ``taint``, as Kubernetes matches them
+    (``Toleration.ToleratesTaint``): the same effect or none named, the same key or none
+    named, and operator ``Exists``, or ``Equal`` (the default) with the same value."""
+    for toleration in tolerations:
+        effect, key = toleration.get("effect"), toleration.get("key")
+        if effect and effect != taint.get("effect"):
+            continue
+        if key and key != taint.get("key"):
+            continue
+        if toleration.get("operator") == "Exists":
+            return True
+        if (toleration.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def toleration_list(tolerations: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+    """KubeSpawner's ``tolerations`` as the list it puts on pods: a list as it is, a dict's
+    values in the order of their keys."""
+    if isinstance(tolerations, Mapping):
+        return [tolerations[key] for key in sorted(tolerations)]
+    return list(tolerations)
+
+
+def takes_pods(
+    node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]] = GPU_TOLERATIONS
+) -> bool:
+    """Whether the scheduler would place a new gputap pod, one with ``tolerations``, on the
+    node: not cordoned, Ready, without a NoSchedule or NoExecute taint of Kubernetes' own
+    (never tolerated here, whatever the pods carry), and without another such taint the
+    tolerations do not match (kube-scheduler's TaintToleration filter). (kube-scheduler
+    keeps pods off NotReady nodes through the taints alone; a Ready condition that is not
+    True counts too, for the moments before the controller taints the node.)"""
     spec, status = node.get("spec") or {}, node.get("status") or {}
     if spec.get("unschedulable", False):
         return False
@@ -106,19 +141,24 @@ def takes_pods(node: Mapping[str, Any]) -> bool:
     if ready is not None and ready.get("status") != "True":
         return False
     return not any(
-        str(t.get("key", "")).startswith(KUBERNETES_TAINTS)
-        and t.get("effect") in ("NoSchedule", "NoExecute")
+        t.get("effect") in BLOCKING_EFFECTS
+        and (str(t.get("key", "")).startswith(KUBERNETES_TAINTS) or not tolerates(tolerations, t))
         for t in spec.get("taints") or []
     )
 
 
-def node_gpus(node: Mapping[str, Any], catalog: Catalog) -> NodeGPUs:
-    """Offerings of a node object from its GFD product label and allocatable resources."""
+def node_gpus(
+    node: Mapping[str, Any],
+    catalog: Catalog,
+    tolerations: Sequence[Mapping[str, Any]] = GPU_TOLERATIONS,
+) -> NodeGPUs:
+    """Offerings of a node object from its GFD product label and allocatable resources; a
+    node that takes no pod with ``tolerations`` is marked not schedulable (:func:`takes_pods`)."""
     meta, status = node.get("metadata", {}), node.get("status") or {}
     product = (meta.get("labels") or {}).get(PRODUCT_LABEL)
     result = NodeGPUs(
         meta["name"],
-        schedulable=takes_pods(node),
+        schedulable=takes_pods(node, tolerations),
         product=product,
         hostname=(meta.get("labels") or {}).get(HOSTNAME_LABEL),
         cpu_milli=int(parse_quantity((status.get("allocatable") or {}).get("cpu", 0)) * 1000),
@@ -191,8 +231,17 @@ def host_requests(pod: Mapping[str, Any]) -> Counter[str]:
 class ClusterInventory:
     """Nodes and pods → free GPUs and slices per node, kept current event by event."""
 
-    def __init__(self, catalog: Catalog):
+    def __init__(
+        self, catalog: Catalog, tolerations: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> None:
+        """``tolerations``: those the operator gives every server (KubeSpawner's
+        ``tolerations``, a list or a dict; on the chart z2jh's ``singleuser.extraTolerations``
+        and ``scheduling.userPods.tolerations``); GPU servers carry :data:`GPU_TOLERATIONS`
+        besides. A node tainted against them offers nothing."""
         self.catalog = catalog
+        self.configured_tolerations = toleration_list(tolerations)
+        #: what a GPU server's pod tolerates
+        self.tolerations = [*GPU_TOLERATIONS, *self.configured_tolerations]
         self.nodes: dict[str, NodeGPUs] = {}
         self.view = FreeView()
         #: what an on-demand server may take: free units plus those held by spot servers
@@ -279,7 +328,7 @@ class ClusterInventory:
                 self.view.set(key, name, 0, 0)
                 self.preemptible_view.set(key, name, 0, 0)
         if event != "DELETED":
-            self.nodes[name] = node_gpus(node, self.catalog)
+            self.nodes[name] = node_gpus(node, self.catalog, self.tolerations)
             self._refresh(name)
 
     def resource_of(self, node: str, key: str) -> str:
@@ -348,5 +397,5 @@ class ClusterInventory:
         """Forget what the cluster said (before a full relist); holds and closed nodes,
         gputap's own, stay."""
         held, closed = self.held_out, self.closed
-        self.__init__(self.catalog)
+        self.__init__(self.catalog, self.configured_tolerations)
         self.held_out, self.closed = held, closed

@@ -9,7 +9,7 @@ turns a placement into the pod settings that ask for it (spawner/kube/objects.py
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,12 +40,16 @@ class KubeMachine:
         self.watcher: ClusterWatcher | None = None
         self._lock = asyncio.Lock()
 
-    async def started(self, catalog: Catalog) -> ClusterWatcher:
+    async def started(
+        self, catalog: Catalog, tolerations: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> ClusterWatcher:
         """The cluster watcher, started on first use (by a spawner, or at hub start for the
-        fault desk), with the desk's health watch."""
+        fault desk), with the desk's health watch. ``tolerations`` are those configured for
+        every server (KubeSpawner's ``tolerations``, the same for every spawner of the hub):
+        a node tainted against them offers nothing (spawner.kube.inventory)."""
         async with self._lock:
             if self.watcher is None:
-                watcher = ClusterWatcher(shared_client("CoreV1Api"), catalog)
+                watcher = ClusterWatcher(shared_client("CoreV1Api"), catalog, tolerations)
                 watcher.on_change.append(
                     lambda _view: placing.queues.poke(watcher.inventory.preemptible_view)
                 )
@@ -61,10 +65,15 @@ class KubeMachine:
                 self.watcher = watcher
         return self.watcher
 
-    async def ready(self, catalog: Catalog, within_seconds: float) -> ClusterWatcher:
+    async def ready(
+        self,
+        catalog: Catalog,
+        within_seconds: float,
+        tolerations: Sequence[Any] | Mapping[str, Any] = (),
+    ) -> ClusterWatcher:
         """The watcher once it has listed the cluster; 503 when that takes longer than
         ``within_seconds``."""
-        watcher = await self.started(catalog)
+        watcher = await self.started(catalog, tolerations)
         try:
             async with asyncio.timeout(within_seconds):
                 await watcher.ready()
@@ -157,12 +166,16 @@ def kube_machine() -> KubeMachine:
 
 
 async def start_health_watch(
-    desk: faults.FaultDesk, catalog: Catalog, api: dict[str, Any] | None = None
+    desk: faults.FaultDesk,
+    catalog: Catalog,
+    api: dict[str, Any] | None = None,
+    tolerations: Sequence[Any] | Mapping[str, Any] = (),
 ) -> None:
     """At hub start (spawner/lifecycle/faults.py): the cluster watcher, with the desk's
     health watch, so a fault on a free node is seen before any spawn. No spawner exists yet
     to load the client's configuration, so it is loaded here as KubeSpawner does (``api``:
-    its k8s_api_host, k8s_api_ssl_ca_cert and k8s_api_verify_ssl, where configured)."""
+    its k8s_api_host, k8s_api_ssl_ca_cert and k8s_api_verify_ssl, where configured;
+    ``tolerations``: its configured tolerations)."""
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, lambda: load_config(**(api or {})))
-    await kube_machine().started(catalog)
+    await kube_machine().started(catalog, tolerations)

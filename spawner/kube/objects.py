@@ -32,13 +32,13 @@ from ..core.catalog import Catalog
 from ..core.placement import Placement
 from .inventory import (
     GPU_RESOURCE,
+    GPU_TOLERATIONS,
     HOSTNAME_LABEL,
     MIG_PREFIX,
     PRODUCT_LABEL,
     SHARED_RESOURCE,
 )
 
-GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 #: NVIDIA Container Toolkit: "void" (like unset) exposes no GPU and no driver. CUDA images
 #: set NVIDIA_VISIBLE_DEVICES=all, which a pod without a GPU request keeps: on a GPU node
 #: without the nvidia.com/gpu taint it would see, and use, every GPU of the node.
@@ -94,6 +94,10 @@ def gpu_pod_settings(
 
     A CPU-only server asks for the catalog's ``cpu`` cores and memory (requests, so the
     scheduler counts them) and sees no GPU (``NVIDIA_VISIBLE_DEVICES=void``).
+
+    Memory: the limit is the request (``mem_limit`` = ``mem_guarantee``), what the offering
+    declares (or the node has left): a server that outgrows it is killed alone (its kernel
+    dies, out of memory) instead of pressing the node into evicting its neighbours.
     """
     if not session_id:
         raise ValueError("session_id: every gputap pod names its billing session")
@@ -120,9 +124,11 @@ def gpu_pod_settings(
         annotations[keys.ENVIRONMENT] = environment
     settings: dict[str, Any] = {"extra_labels": labels, "extra_annotations": annotations}
     if offering.kind == "cpu":
+        memory = f"{max(1, round(catalog.cpu_memory_gb))}G"
         settings.update(
             cpu_guarantee=catalog.cpu_cores,
-            mem_guarantee=f"{max(1, round(catalog.cpu_memory_gb))}G",
+            mem_guarantee=memory,
+            mem_limit=memory,
             environment=dict(NO_GPUS),
         )
         return settings
@@ -154,6 +160,7 @@ def gpu_pod_settings(
         tolerations=list(GPU_TOLERATIONS),
         cpu_guarantee=cpu,
         mem_guarantee=memory,
+        mem_limit=memory,
     )
     return settings
 
@@ -185,7 +192,11 @@ def apply_pod_settings(pod: V1Pod, settings: dict[str, Any]) -> V1Pod:
         if settings.get(trait) is not None:
             requests[key] = settings[trait]
     resources.requests = requests
-    resources.limits = {**(resources.limits or {}), **settings.get("extra_resource_limits", {})}
+    limits = {**(resources.limits or {}), **settings.get("extra_resource_limits", {})}
+    # the offering's memory, over a configured limit (one below the request is invalid)
+    if settings.get("mem_limit") is not None:
+        limits["memory"] = settings["mem_limit"]
+    resources.limits = limits
     container.resources = resources
     if settings.get("image"):
         container.image = settings["image"]

@@ -134,7 +134,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def cluster(self) -> ClusterWatcher:
         """The hub's cluster watcher, started on first use, once it has listed the cluster."""
-        return await self.machine.ready(self.catalog, self.k8s_api_request_retry_timeout)
+        return await self.machine.ready(
+            self.catalog, self.k8s_api_request_retry_timeout, self.tolerations
+        )
 
     def node_of_pod(self) -> str | None:
         """The node this server's pod runs on, as the watch last saw it."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -95,9 +95,12 @@ async def _back_off(list_method: str, error: Exception, delay: float) -> float:
 class ClusterWatcher:
     """Keeps a ClusterInventory current from the Kubernetes API. Start it once per hub."""
 
-    def __init__(self, api: Any, catalog: Catalog):
+    def __init__(
+        self, api: Any, catalog: Catalog, tolerations: Sequence[Any] | Mapping[str, Any] = ()
+    ):
+        """``tolerations``: those every server's pod carries (ClusterInventory)."""
         self.api = api
-        self.inventory = ClusterInventory(catalog)
+        self.inventory = ClusterInventory(catalog, tolerations)
         self._nodes_ready = asyncio.Event()
         self._pods_ready = asyncio.Event()
         self._known: dict[str, dict[str, Mapping[str, Any]]] = {"node": {}, "pod": {}}

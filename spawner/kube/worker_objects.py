@@ -83,6 +83,9 @@ def worker_pod(
     for key, trait in (("cpu", "cpu_guarantee"), ("memory", "mem_guarantee")):
         if settings.get(trait) is not None:
             requests[key] = str(settings[trait])
+    limits = dict(settings.get("extra_resource_limits", {}))
+    if settings.get("mem_limit") is not None:
+        limits["memory"] = str(settings["mem_limit"])
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": server["image"],
@@ -92,7 +95,7 @@ def worker_pod(
         "ports": [{"name": "agent", "containerPort": AGENT_PORT}],
         "resources": {
             "requests": requests,
-            "limits": dict(settings.get("extra_resource_limits", {})),
+            "limits": limits,
         },
         "volumeMounts": copy.deepcopy(server.get("volumeMounts") or []),
     }

@@ -1,7 +1,7 @@
 """GPUKubeSpawner on the NVIDIA node shapes real clusters have (tests/kube_sim/cluster.py):
 MIG single strategy, time-slicing without renameByDefault, NotReady and unreachable nodes,
-a GPU marked unhealthy, a small cloud GPU node, and an untainted GPU node where CPU-only
-servers land."""
+a node tainted by another controller, a GPU marked unhealthy, a small cloud GPU node, and an
+untainted GPU node where CPU-only servers land."""
 
 import pytest
 
@@ -31,6 +31,9 @@ def cluster(chart_rbac):
         labels = gpu_node_spec("x", product="NVIDIA-A10", gpus=2, memory_mib=23028)["labels"]
         c.add_node("a10-untainted", labels=labels,
                    allocatable={"nvidia.com/gpu": "2", "cpu": "32", "memory": "128Gi"})  # fmt: skip
+        # two A40s on a node the cluster autoscaler is about to take away (tainted in the test)
+        c.gpu_node("a40-leaving", product="NVIDIA-A40", gpus=2, memory_mib=46068, cpu="32",
+                   memory="256Gi")  # fmt: skip
         yield c
 
 
@@ -92,6 +95,33 @@ def test_not_ready_and_unreachable_nodes_offer_nothing(platform, cluster):
     platform.wait_ready("cy")
     assert pod_of(cluster, "cy")["spec"]["nodeName"] == "l40s-down"
     platform.stop_server("cy")
+
+
+def test_a_node_tainted_by_another_controller_offers_nothing(platform, cluster):
+    """The cluster autoscaler taints a node it is about to remove; kube-scheduler keeps new
+    pods off it (no gputap pod tolerates the taint), so its GPUs are neither offered nor
+    chosen: a refusal now, not a pod Pending until the start timeout."""
+    session = platform.login("gus")
+
+    def a40() -> str | None:
+        page = session.get(f"{platform.url}/hub/spawn", timeout=30).content.decode()
+        return row(page, "A40") if 'data-key="A40"' in page else None
+
+    assert "2 of 2 free" in a40()
+    cluster.taint("a40-leaving", "ToBeDeletedByClusterAutoscaler", "NoSchedule", "1765000000")
+    platform.wait_for(lambda: a40() is None, "the tainted node's A40s withdrawn", timeout=20)
+    r = platform.spawn("gus", {"kind": "card", "card": "A40"})
+    assert r.status_code == 400, r.text
+    assert "A40" in r.json()["message"]
+    assert not [p for p in cluster.pods("gputap") if p["spec"].get("nodeName") is None]
+    # the autoscaler changes its mind: the node is offered again
+    cluster.untaint("a40-leaving", "ToBeDeletedByClusterAutoscaler")
+    platform.wait_for(lambda: a40() is not None, "the A40s offered again", timeout=20)
+    r = platform.spawn("gus", {"kind": "card", "card": "A40"})
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("gus")
+    assert pod_of(cluster, "gus")["spec"]["nodeName"] == "a40-leaving"
+    platform.stop_server("gus")
 
 
 def test_an_unhealthy_gpu_is_not_counted(platform, cluster):

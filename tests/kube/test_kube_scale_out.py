@@ -26,6 +26,9 @@ def cluster(chart_rbac):
     with gputap_cluster(chart_rbac, seed=17) as c:
         for name in ("gpu-a", "gpu-b"):
             c.gpu_node(name, product="NVIDIA-A100-SXM4-80GB", gpus=2, cpu="64", memory="512Gi")
+        # the NVIDIA container runtime as a RuntimeClass of its own, as k3s registers it
+        node_api = kubernetes.client.NodeV1Api(kube_api(c).api_client)
+        node_api.create_runtime_class({"metadata": {"name": "nvidia"}, "handler": "nvidia"})
         yield c
 
 
@@ -34,7 +37,7 @@ def platform(cluster, tmp_path_factory):
     p = kube_platform(
         cluster,
         tmp_path_factory.mktemp("kube-scale-out"),
-        kubernetes=shared_homes(cluster),
+        kubernetes={**shared_homes(cluster), "runtime_class": "nvidia"},
         scale_out={"idle_seconds": 0},
     )
     p.start()
@@ -93,6 +96,14 @@ def test_worker_pods_are_the_servers_own_with_their_gpus_owned_labelled_and_bill
     assert sorted(pods) == ["w1", "w2"]
     uid, name = server["metadata"]["uid"], server["metadata"]["name"]
     home = {v["name"]: v for v in server["spec"]["volumes"]}
+    for pod in (server, *pods.values()):
+        # the NVIDIA runtime's class; homes given to the group once, not at every start; the
+        # offering's memory as the limit too (the catalog's 120 GB per A100)
+        spec = pod["spec"]
+        assert spec["runtimeClassName"] == "nvidia"
+        assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
+        resources = spec["containers"][0]["resources"]
+        assert resources["limits"]["memory"] == resources["requests"]["memory"] == "120G"
     for worker, pod in pods.items():
         meta, spec = pod["metadata"], pod["spec"]
         assert meta["name"] == f"{name}-{worker}"
@@ -106,7 +117,7 @@ def test_worker_pods_are_the_servers_own_with_their_gpus_owned_labelled_and_bill
         [container] = spec["containers"]
         assert container["name"] == "worker"
         assert container["image"] == server["spec"]["containers"][0]["image"]
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "1", "memory": "120G"}
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["GPUTAP_WORKER_NAME"] == worker and env["GPUTAP_WORKER_TOKEN"]
         assert not [k for k in env if k.startswith(("JUPYTERHUB_", "JPY_"))]

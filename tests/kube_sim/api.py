@@ -52,6 +52,7 @@ RESOURCE_TYPES = [
     ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True),
     ResourceType("", "v1", "Namespace", "namespaces", False),
     ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False),
+    ResourceType("node.k8s.io", "v1", "RuntimeClass", "runtimeclasses", False),
     ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
@@ -69,6 +70,7 @@ NAMESPACE = BY_PATH[("v1", "namespaces")]
 SECRET = BY_PATH[("v1", "secrets")]
 CONFIGMAP = BY_PATH[("v1", "configmaps")]
 PRIORITY_CLASS = BY_PATH[("scheduling.k8s.io/v1", "priorityclasses")]
+RUNTIME_CLASS = BY_PATH[("node.k8s.io/v1", "runtimeclasses")]
 SERVICE_ACCOUNT = BY_PATH[("v1", "serviceaccounts")]
 ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "roles")]
 CLUSTER_ROLE = BY_PATH[("rbac.authorization.k8s.io/v1", "clusterroles")]
@@ -205,6 +207,7 @@ class Api:
                 default = [p for p in self.list(PRIORITY_CLASS) if p.get("globalDefault")]
                 spec.setdefault("priority", default[0]["value"] if default else 0)
                 spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+            self._runtime_class(obj)
             _default_toleration_seconds(spec)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
         elif rt.kind == "Namespace":
@@ -230,6 +233,37 @@ class Api:
         elif rt.kind == "StorageClass":
             obj.setdefault("volumeBindingMode", "Immediate")
             obj.setdefault("reclaimPolicy", "Delete")
+
+    def _runtime_class(self, pod: Obj) -> None:
+        """The RuntimeClass admission plugin: a pod naming a RuntimeClass that does not exist
+        is refused (403); the class's scheduling node selector and tolerations join the
+        pod's (a selector naming another value for the same label is refused)."""
+        spec, name = pod["spec"], pod["metadata"].get("name", "")
+        class_name = spec.get("runtimeClassName")
+        if not class_name:
+            return
+        rc = self.find(RUNTIME_CLASS, "", class_name)
+        if rc is None:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{name}" is forbidden: pod rejected: RuntimeClass "{class_name}" not found',
+            )
+        scheduling = rc.get("scheduling") or {}
+        selector = spec.get("nodeSelector") or {}
+        for key, value in (scheduling.get("nodeSelector") or {}).items():
+            if selector.get(key, value) != value:
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'pods "{name}" is forbidden: pod rejected: conflict: '
+                    f"RuntimeClass.scheduling.nodeSelector[{key}] = {value}; "
+                    f"pod.spec.nodeSelector[{key}] = {selector[key]}",
+                )
+            spec.setdefault("nodeSelector", {})[key] = value
+        for toleration in scheduling.get("tolerations") or []:
+            if toleration not in (spec.get("tolerations") or []):
+                spec.setdefault("tolerations", []).append(dict(toleration))
 
     def _admission(
         self,

@@ -1,5 +1,6 @@
 """The simulated scheduler: pods land only where GPUs, MIG slices, selectors and taints allow."""
 
+import json
 import time
 
 import kubernetes.client
@@ -190,3 +191,26 @@ def test_a_pod_naming_another_scheduler_waits_for_that_scheduler(v1, cluster):
         )
         other_v1.create_namespaced_pod("default", body)
         assert wait_for(lambda: node_of(other_v1, "picky")) == "a100-2"
+
+
+def test_a_pod_runs_under_a_runtime_class_that_exists_and_on_its_nodes(v1, cluster):
+    """The RuntimeClass admission plugin: an unknown class is refused; a class's scheduling
+    constraints join the pod's, so it lands only where that runtime is."""
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        v1.create_namespaced_pod("default", gpu_pod("nort", {}, runtimeClassName="nvidia"))
+    assert refused.value.status == 403
+    message = json.loads(refused.value.body)["message"]
+    assert message == 'pods "nort" is forbidden: pod rejected: RuntimeClass "nvidia" not found'
+    node_api = kubernetes.client.NodeV1Api(v1.api_client)
+    node_api.create_runtime_class(
+        {
+            "metadata": {"name": "nvidia"},
+            "handler": "nvidia",
+            "scheduling": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+        }
+    )
+    v1.create_namespaced_pod("default", gpu_pod("rt", {}, runtimeClassName="nvidia"))
+    pod = v1.read_namespaced_pod("rt", "default")
+    assert pod.spec.runtime_class_name == "nvidia"
+    assert pod.spec.node_selector == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert wait_for(lambda: node_of(v1, "rt")) == "l4-1"

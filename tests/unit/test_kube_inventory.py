@@ -6,6 +6,7 @@ from spawner.kube.inventory import (
     parse_quantity,
     pod_requests,
     takes_pods,
+    tolerates,
 )
 
 CATALOG = Catalog.load()
@@ -173,6 +174,58 @@ def test_nodes_that_take_no_new_pods_offer_nothing():
     assert takes_pods(node("gpu-l40s", "NVIDIA-L40S", {}))  # no conditions reported: as before
     inv.apply_node("MODIFIED", node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"}))
     assert inv.view.free("L40S") == 4
+
+
+def test_nodes_tainted_by_other_controllers_offer_nothing_unless_servers_tolerate_it():
+    """A NoSchedule or NoExecute taint no server pod tolerates keeps the node out, as
+    kube-scheduler's TaintToleration filter would; the GPU taint, the operator's configured
+    tolerations (a cloud's spot taint) and PreferNoSchedule do not."""
+    spot = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+    inv = ClusterInventory(CATALOG, tolerations=[{**spot, "operator": "Equal"}])
+    for taints in (
+        [{"key": "ToBeDeletedByClusterAutoscaler", "value": "1712000000", "effect": "NoSchedule"}],
+        [{"key": "DeletionCandidateOfClusterAutoscaler", "effect": "NoExecute"}],
+        [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}],
+        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoExecute"}],
+        [{**spot, "value": "false"}],  # a value the toleration does not name
+    ):
+        leaving = node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"})
+        leaving["spec"]["taints"] = taints
+        inv.apply_node("MODIFIED", leaving)
+        assert (inv.view.free("L40S"), inv.view.total("L40S")) == (0, 0), taints
+    for taints in (
+        [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        [spot],
+        [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "PreferNoSchedule"}],
+    ):
+        tolerated = node("gpu-l40s", "NVIDIA-L40S", {"nvidia.com/gpu": "4"})
+        tolerated["spec"]["taints"] = taints
+        inv.apply_node("MODIFIED", tolerated)
+        assert inv.view.free("L40S") == 4, taints
+    # without the operator's toleration the spot node is out
+    alone = ClusterInventory(CATALOG)
+    alone.apply_node("ADDED", tolerated | {"spec": {"taints": [spot]}})
+    assert alone.view.total("L40S") == 0
+    # KubeSpawner's tolerations may be a dict of them
+    named = ClusterInventory(CATALOG, tolerations={"spot": {**spot, "operator": "Equal"}})
+    named.apply_node("ADDED", tolerated | {"spec": {"taints": [spot]}})
+    assert named.view.free("L40S") == 4
+    # a relist forgets the cluster, not the tolerations
+    inv.reset()
+    inv.apply_node("ADDED", tolerated | {"spec": {"taints": [spot]}})
+    assert inv.view.free("L40S") == 4
+
+
+def test_tolerations_match_taints_as_kubernetes_does():
+    taint = {"key": "k", "value": "v", "effect": "NoSchedule"}
+    assert tolerates([{"operator": "Exists"}], taint)  # no key, Exists: every taint
+    assert tolerates([{"key": "k", "operator": "Exists"}], taint)
+    assert tolerates([{"key": "k", "value": "v"}], taint)  # Equal by default
+    assert tolerates([{"key": "k", "value": "v", "effect": "NoSchedule"}], taint)
+    assert not tolerates([{"key": "k", "value": "v", "effect": "NoExecute"}], taint)
+    assert not tolerates([{"key": "k", "value": "w"}], taint)
+    assert not tolerates([{"key": "other", "operator": "Exists"}], taint)
+    assert not tolerates([], taint)
 
 
 def test_room_is_allocatable_cpu_and_memory_less_every_bound_pods_requests():

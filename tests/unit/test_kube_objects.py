@@ -41,6 +41,7 @@ def test_two_whole_gpus_become_limits_selector_tolerations_and_guarantees():
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "cpu_guarantee": 16.0,
         "mem_guarantee": "240G",
+        "mem_limit": "240G",
     }
 
 
@@ -75,6 +76,7 @@ def test_a_small_node_cuts_the_guarantees_to_what_it_has_left():
     # a g2-standard-4's allocatable: 3920m, 13621Mi; the catalog's L4 wants 4 cores, 32 GB
     small = settings((3920, 13621 * 2**20))
     assert (small["cpu_guarantee"], small["mem_guarantee"]) == (3.92, "13621Mi")
+    assert small["mem_limit"] == "13621Mi"  # the limit is what the node gives, not more
     roomy = settings((64_000, 512 * 2**30))
     assert (roomy["cpu_guarantee"], roomy["mem_guarantee"]) == (4, "32G")
     full = settings((-100, 0))  # overcommitted by pods gputap does not place
@@ -96,10 +98,11 @@ def test_cpu_only_asks_for_cpu_and_memory_and_sees_no_gpu():
         Placement(CATALOG.cpu, 1, "", 100_000), CATALOG, username="carol", session_id="s-3"
     )
     assert set(s) == {
-        "extra_labels", "extra_annotations", "cpu_guarantee", "mem_guarantee", "environment"
+        "extra_labels", "extra_annotations", "cpu_guarantee", "mem_guarantee", "mem_limit",
+        "environment",
     }  # fmt: skip
     # the catalog's cpu entry: 2 cores, 4 GB; no GPU resource, selector or toleration
-    assert (s["cpu_guarantee"], s["mem_guarantee"]) == (2, "4G")
+    assert (s["cpu_guarantee"], s["mem_guarantee"], s["mem_limit"]) == (2, "4G", "4G")
     assert s["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert s["extra_annotations"]["gputap.io/offering"] == "cpu"
     assert s["extra_annotations"]["gputap.io/session"] == "s-3"
@@ -181,8 +184,10 @@ async def test_the_placement_goes_onto_the_pod_kubespawner_built_keeping_what_is
         "gputap.io/price-per-hour-micro": "8000000",
         "gputap.io/session": "s-1",
     }
+    # the offering's memory is the limit too, over a configured one (a limit below the request
+    # would make the pod invalid)
     assert notebook["resources"] == {
-        "limits": {"memory": "300G", "nvidia.com/gpu": "2"},
+        "limits": {"memory": "240G", "nvidia.com/gpu": "2"},
         "requests": {"nvidia.com/gpu": "2", "cpu": 16.0, "memory": "240G"},
     }
     assert spec["nodeSelector"] == {
@@ -212,7 +217,10 @@ async def test_a_cpu_server_gets_its_labels_requests_and_no_gpus():
     after = pod_json(apply_pod_settings(kubespawner_pod(), settings))
     [container], [was] = after["spec"].pop("containers"), before["spec"].pop("containers")
     assert after["spec"] == before["spec"]
-    assert container["resources"] == {"limits": {}, "requests": {"cpu": 2.0, "memory": "4G"}}
+    assert container["resources"] == {
+        "limits": {"memory": "4G"},
+        "requests": {"cpu": 2.0, "memory": "4G"},
+    }
     assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
     assert {k: v for k, v in container.items() if k not in ("resources", "env")} == {
         k: v for k, v in was.items() if k not in ("resources", "env")

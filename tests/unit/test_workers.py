@@ -113,8 +113,9 @@ SERVER_POD = {
             }
         ],
         "volumes": [{"name": "home", "persistentVolumeClaim": {"claimName": "home-alice"}}],
-        "securityContext": {"fsGroup": 100},
+        "securityContext": {"fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch"},
         "priorityClassName": "gputap-on-demand",
+        "runtimeClassName": "nvidia",
         # z2jh's singleuser.cloudMetadata.blockWithIptables
         "initContainers": [{"name": "block-cloud-metadata", "image": "k8s-network-tools"}],
     },
@@ -131,6 +132,7 @@ def test_a_worker_pod_is_its_servers_with_its_own_gpus_and_no_hub_token():
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "cpu_guarantee": 8.0,
         "mem_guarantee": "64G",
+        "mem_limit": "64G",
     }
     pod = worker_pod(
         SERVER_POD, settings, worker="w1", token="t" * 32, offering="A100-80GB", count=1
@@ -167,14 +169,15 @@ def test_a_worker_pod_is_its_servers_with_its_own_gpus_and_no_hub_token():
     assert env["GPUTAP_GPU_COUNT"] == "1" and env["GPUTAP_WORKER_NAME"] == "w1"
     assert container["resources"] == {
         "requests": {"nvidia.com/gpu": "1", "cpu": "8.0", "memory": "64G"},
-        "limits": {"nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1", "memory": "64G"},
     }
     assert container["volumeMounts"] == [{"name": "home", "mountPath": "/home/jovyan"}]
     assert container["workingDir"] == "/home/jovyan"
     spec = pod["spec"]
     assert spec["volumes"] == SERVER_POD["spec"]["volumes"]
-    assert spec["securityContext"] == {"fsGroup": 100}
+    assert spec["securityContext"] == {"fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch"}
     assert spec["priorityClassName"] == "gputap-on-demand"
+    assert spec["runtimeClassName"] == "nvidia"
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "gpu-a100"}
 
