@@ -20,6 +20,7 @@ from .catalog import Offering
 from .environment_form import OWN_IMAGE, Picker, offering_data, render_picker
 from .environment_form import SCRIPT as PICKER_SCRIPT
 from .environment_form import STYLE as PICKER_STYLE
+from .form_assets import SCRIPT, STYLE
 from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
 
 
@@ -250,81 +251,6 @@ _GROUPS = (
     ("cpu", "No GPU"),
 )
 
-_STYLE = """
-<style>
-.gputap-form fieldset{border:1px solid #ccc;border-radius:6px;margin:0 0 12px;padding:8px 12px}
-.gputap-choice{display:block;padding:4px 0;font-weight:normal}
-.gputap-out{color:#888}
-.gputap-what,.gputap-free,.gputap-lasts{margin-left:10px;color:#555}
-.gputap-left{margin-left:10px;font-weight:bold;color:#1a5d1a}
-.gputap-price{margin-left:10px;font-weight:bold}
-.gputap-soldout{color:#b00;font-weight:bold}
-.gputap-sim{background:#fde68a;border-radius:3px;padding:0 4px;font-size:85%}
-.gputap-alt{margin-left:26px;color:#555;font-size:90%}
-.gputap-pick{margin:2px 4px;padding:1px 8px;border:1px solid #4a7bd0;border-radius:4px;
-  background:#eef3fb;color:#1d4ed8;cursor:pointer}
-.gputap-short{margin-left:26px;color:#b00;font-size:90%}
-.gputap-refusal{background:#fde8e8;border:1px solid #d33;border-radius:6px;padding:8px 12px;
-  margin-bottom:10px}
-.gputap-refusal p{margin:0 0 4px}
-.gputap-refusal .gputap-alt{margin-left:0}
-#gputap-course-hours ul{margin:2px 0 10px}
-.gputap-banner{background:#fef3c7;border:1px solid #f59e0b;padding:6px 10px;margin-bottom:10px}
-.gputap-spec input{width:6em}
-#gputap-spec-preview{margin-top:6px;font-style:italic}
-</style>
-"""
-
-_SCRIPT = """
-<script>
-(function () {
-  document.querySelectorAll(".gputap-choice select").forEach(function (select) {
-    select.addEventListener("change", function () {
-      var row = select.closest(".gputap-choice");
-      var lasts = row.querySelector(".gputap-lasts");
-      var texts = JSON.parse(lasts.dataset.byCount || "[]");
-      if (texts[select.selectedIndex]) lasts.textContent = texts[select.selectedIndex];
-      row.querySelector("input[type=radio]").checked = true;
-    });
-  });
-
-  // an alternative's button selects that option's own row
-  document.querySelectorAll(".gputap-pick").forEach(function (button) {
-    button.addEventListener("click", function () {
-      var radio = document.querySelector(
-        'input[name="choice"][value="' + CSS.escape(button.dataset.pick) + '"]');
-      if (!radio || radio.disabled) return;
-      radio.checked = true;
-      radio.dispatchEvent(new Event("change", {bubbles: true}));
-      radio.closest(".gputap-choice").scrollIntoView({block: "center"});
-      radio.focus();
-    });
-  });
-
-  var box = document.getElementById("gputap-spec");
-  var out = document.getElementById("gputap-spec-preview");
-  var timer = null;
-  function preview() {
-    var q = new URLSearchParams();
-    ["min_memory_gb", "min_tflops", "count"].forEach(function (name) {
-      q.set(name, box.querySelector("[name=spec_" + name + "]").value || "0");
-    });
-    out.textContent = "checking…";
-    fetch(box.dataset.previewUrl + "?" + q.toString(), {credentials: "same-origin"})
-      .then(function (r) { return r.json(); })
-      .then(function (answer) { out.textContent = answer.message; })
-      .catch(function () { out.textContent = "could not check now"; });
-  }
-  box.addEventListener("input", function () {
-    document.getElementById("gputap-spec-radio").checked = true;
-    clearTimeout(timer);
-    timer = setTimeout(preview, 250);
-  });
-  preview();
-})();
-</script>
-"""
-
 
 def _held(credit: Credit) -> str:
     held = credit.available_micro - credit.free_micro
@@ -381,7 +307,7 @@ def render_form(
     """
     currency = credit.currency
     picked = dict(refused.options) if refused else None
-    parts = [_STYLE, PICKER_STYLE if picker else "", '<div class="gputap-form">']
+    parts = [STYLE, PICKER_STYLE if picker else "", '<div class="gputap-form">']
     if refused:
         # the sentence is shown here with its alternatives, so JupyterHub's own copy of it
         # ("Error: ...") above the form is hidden
@@ -478,7 +404,7 @@ def render_form(
         )
     parts.append(f"<fieldset><legend>How to run</legend>{''.join(run)}</fieldset>")
     parts.append("</div>")
-    parts.append(_SCRIPT)
+    parts.append(SCRIPT)
     if picker:
         parts.insert(picker_at, render_picker(picker, checked))
         parts.append(PICKER_SCRIPT)
