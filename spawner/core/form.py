@@ -21,7 +21,7 @@ from .environment_form import OWN_IMAGE, Picker, offering_data, render_picker
 from .environment_form import SCRIPT as PICKER_SCRIPT
 from .environment_form import STYLE as PICKER_STYLE
 from .form_assets import SCRIPT, STYLE
-from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
+from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal, RequestError
 
 
 @dataclass(frozen=True)
@@ -252,6 +252,36 @@ _GROUPS = (
 )
 
 
+#: the hidden field of a form on which no option was within the credit (options_from_form)
+NOTHING_AFFORDABLE_FIELD = "nothing_affordable"
+NOTHING_AFFORDABLE = (
+    "No option is within your credit, so none could be picked: add credit, or ask your "
+    "instructor to add you to a course that pays for GPU hours."
+)
+NOTHING_PICKED = "No option was picked: pick one of the options, then press Start."
+
+
+def _beyond_credit(
+    choices: Sequence[Choice], credit: Credit, courses: Sequence[CourseOffer]
+) -> str:
+    """The banner saying that no option is within the credit (with what the cheapest needs)
+    and the hidden field telling :func:`options_from_form` so; "" when one is, or when none
+    has a price (then it is not the credit's doing)."""
+    prices = [c.price_per_hour_micro for c in choices if c.price_per_hour_micro]
+    funded = any(
+        course.hours_left[c.offering.key] > 0
+        for course in courses
+        for c in _course_choices(course, choices)
+    )
+    if not prices or funded or any(credit.covers(price) for price in prices):
+        return ""
+    return (
+        f'<div class="gputap-banner" id="gputap-beyond-credit">{escape(NOTHING_AFFORDABLE)} '
+        f"The cheapest option {escape(credit.shortfall(min(prices)))}.</div>"
+        f'<input type="hidden" name="{NOTHING_AFFORDABLE_FIELD}" value="1">'
+    )
+
+
 def _held(credit: Credit) -> str:
     held = credit.available_micro - credit.free_micro
     if held <= 0:
@@ -330,6 +360,7 @@ def render_form(
         f'<span id="gputap-paid">paid {format_credits(credit.paid_micro)}</span>'
         f"{_held(credit)}). Prices are per hour, billed per second while the server runs.</p>"
     )
+    parts.append(_beyond_credit(choices, credit, courses))
     if courses:
         parts.append(_course_summary(courses))
     picker_at = len(parts)  # filled in once the checked option is known
@@ -417,7 +448,13 @@ def _first(form: Mapping[str, Sequence[str]], name: str, default: str = "") -> s
 
 
 def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
-    """Posted form fields → ``user_options`` (validated later, like the REST API's)."""
+    """Posted form fields → ``user_options`` (validated later, like the REST API's).
+
+    A form posted with no option picked is a RequestError saying why: none was within the
+    credit (the form said so), or none was picked."""
+    if not _first(form_data, "choice"):
+        beyond_credit = _first(form_data, NOTHING_AFFORDABLE_FIELD)
+        raise RequestError(NOTHING_AFFORDABLE if beyond_credit else NOTHING_PICKED)
     options = _choice_options(form_data)
     environment = _first(form_data, "environment")
     if environment == OWN_IMAGE:
