@@ -17,7 +17,7 @@ from typing import Any
 #: how deep JSON may nest arrays and objects: no real body or answer goes past 6
 MAX_DEPTH = 32
 #: why a text nested deeper than MAX_DEPTH is refused
-TOO_DEEP = f"it is nested too deep (more than {MAX_DEPTH} levels of [ ] and {{ }})"
+TOO_DEEP = f"it is nested too deep: more than {MAX_DEPTH} levels of [ ] and {{ }}"
 
 
 class NotJSON(ValueError):

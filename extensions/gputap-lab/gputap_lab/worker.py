@@ -212,7 +212,7 @@ def job_body(raw: bytes) -> tuple[list[str], dict[str, str], str]:
     try:
         body = read_json(raw or b"{}")
     except NotJSON as e:
-        why = f": {e}" if str(e) == TOO_DEEP else ""
+        why = f" ({e})" if str(e) == TOO_DEEP else ""
         raise tornado.web.HTTPError(400, f"send a JSON object {{argv, env, cwd}}{why}") from None
     if not isinstance(body, dict) or set(body) - {"argv", "env", "cwd"}:
         raise tornado.web.HTTPError(400, "send a JSON object with argv, env and cwd only")
