@@ -6,6 +6,8 @@ import contextlib
 import logging
 import sys
 
+from gputap_common.settings import exit_on_refusal
+
 from .app import BadCookieSecret, main
 from .config import load_billing_config
 from .loops import KubeConfigMissing
@@ -16,7 +18,8 @@ from .orm import make_engine
 def upgrade_db() -> int:
     """Upgrade the configured billing database to the newest schema; print what was done."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    engine = make_engine(load_billing_config().database_url)
+    with exit_on_refusal("billing"):
+        engine = make_engine(load_billing_config().database_url)
     try:
         print(upgrade_database(engine))
     except SchemaMismatch as e:
@@ -44,7 +47,7 @@ if args.command == "upgrade-db":
 
 try:
     # the hub stops its managed services with a signal; that is a normal end, not a crash
-    with contextlib.suppress(KeyboardInterrupt):
+    with contextlib.suppress(KeyboardInterrupt), exit_on_refusal("billing"):
         asyncio.run(main())
 except (SchemaMismatch, KubeConfigMissing, BadCookieSecret) as e:
     # a refusal, not a crash: one line the operator can act on instead of a traceback

@@ -9,6 +9,14 @@ from typing import Any
 
 #: what a refusal shows of a key or value the caller sent, at most
 SHOWN_CHARACTERS = 40
+#: how deep a body may nest arrays and objects: no real one goes past 4, and a deeper one
+#: would fail wherever it is read, written or shown again (Python's recursion limit)
+MAX_DEPTH = 32
+#: the refusal of a body nested deeper than MAX_DEPTH
+TOO_DEEP = (
+    f"The body is nested too deep (more than {MAX_DEPTH} levels of [ ] and {{ }}): "
+    "send a JSON object of the fields the API documents"
+)
 
 
 def shown(value: object, limit: int = SHOWN_CHARACTERS) -> str:
@@ -48,15 +56,37 @@ def json_object(raw: bytes, allowed: Iterable[str], *, decimals_only: bool = Fal
     )
     try:
         data = json.loads(raw, **options)
-    except (ValueError, RecursionError):  # RecursionError: nested too deep to read
+    except RecursionError:
+        raise BodyRefused(TOO_DEEP) from None
+    except ValueError:
         hint = ", with numbers in decimal notation like 12.5" if decimals_only else ""
         raise BodyRefused(f"The body must be JSON (an object){hint}") from None
+    if nested_deeper(data, MAX_DEPTH):
+        raise BodyRefused(TOO_DEEP)
     if not isinstance(data, dict):
         raise BodyRefused("The body must be a JSON object")
     refusal = unknown_fields(data, allowed)
     if refusal:
         raise BodyRefused(refusal)
     return data
+
+
+def nested_deeper(data: Any, limit: int) -> bool:
+    """Whether ``data`` (as ``json.loads`` reads it) nests arrays and objects more than
+    ``limit`` levels deep (``[]`` and ``{}`` are one level); walked without recursion."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _decimal_float(text: str) -> float:

@@ -7,18 +7,35 @@ hub_config/github.py). A team named anywhere else (``hub.github.admin_teams``,
 is kept the same way, or it never matches a group: GitHub compares these names without case,
 so they are lowered; a team's display name ("ML Staff") is no slug and is refused with the slug
 GitHub would have made of it. Logins and slugs may hold ``_`` and ``.`` (Enterprise Managed
-Users, slugs such as ``ml.staff``).
+Users, slugs such as ``ml.staff``). A user's login (an instructor named in the settings or by
+a billing admin) is kept by the same rule as an organization's: GitHub gives both from one
+namespace.
 """
 
 from __future__ import annotations
 
 import re
 
+from .bodies import shown
+
 #: an organization's login (GitHub allows 39 characters)
 ORG = re.compile(r"[a-z0-9][a-z0-9_.-]{0,38}")
 #: a team's slug; with the login it fits billing's 140-character column
 SLUG = re.compile(r"[a-z0-9][a-z0-9_.-]{0,99}")
 TEAM_FORM = "'org:team-slug'"
+#: a user's login as the hub names its users: a GitHub login in lower case (JupyterHub lowers
+#: usernames; users and organizations share GitHub's logins, so ORG is their rule)
+LOGIN_RULE = "1 to 39 of a-z, 0-9, '-', '_' and '.', starting with a letter or digit"
+
+
+def login_name(value: object, field: str = "username") -> str:
+    """``value`` as a user's login (``ada-lovelace``), lower case; ``ValueError`` naming
+    ``field`` and what a login is otherwise: a path (``../../x``), a space or a control
+    character is no login, and would never be a user of the hub."""
+    name = value.lower() if isinstance(value, str) else None
+    if name is not None and ORG.fullmatch(name):
+        return name
+    raise ValueError(f"{field} must be a login name: {LOGIN_RULE}; not {shown(value)}")
 
 
 def team_name(value: object, field: str = "team") -> str:

@@ -2,7 +2,7 @@
 
 import os
 
-from gputap_common.settings import load_settings
+from gputap_common.settings import exit_on_refusal, load_settings
 from hub_config.hub import apply
 
 # what the hub and the processes it starts (billing, the proxy, the culler, servers) write
@@ -10,4 +10,7 @@ from hub_config.hub import apply
 os.umask(0o077)
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
-apply(c, load_settings())
+# a settings typo is one line and a failed start: JupyterHub would print it inside the
+# traceback of this file
+with exit_on_refusal("hub"):
+    apply(c, load_settings())

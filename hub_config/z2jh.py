@@ -1,8 +1,10 @@
 """gputap in zero-to-jupyterhub's hub pod: the Helm chart's ``hub.extraConfig`` calls
 
     from z2jh import get_config
+    from gputap_common.settings import exit_on_refusal
     from hub_config.z2jh import configure
-    configure(c, get_config("custom.gputap"))
+    with exit_on_refusal("hub"):
+        configure(c, get_config("custom.gputap"))
 
 after z2jh's own ``jupyterhub_config.py``. ``custom.gputap`` holds the same settings as one
 machine's settings file (``hub_config/defaults.yaml``), read by the same loader and checks

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import unicodedata
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from .money import billed_seconds, cost_micro, parse_credits
 from .pricing import PriceBook
 from .records import SessionRecord
 
+#: a course name as the refusals show one
+EXAMPLE_NAME = "Deep Learning 101 (spring)"
 OFFERING = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*(/(\d+g\.\d+gb|shared))?")
 #: the fields of a course's rules, as an instructor sends them (:func:`course_rules`)
 COURSE_FIELDS = (
@@ -116,6 +119,13 @@ def course_rules(
     name = body.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValueError("name must be a non-empty string of at most 200 characters")
+    if any(unicodedata.category(ch).startswith("C") for ch in name):
+        raise ValueError(
+            f"name must be text of at most 200 characters without control characters "
+            f"(newlines, tabs, NUL) or invisible ones, such as {EXAMPLE_NAME!r}"
+        )
+    if not any(ch.isalnum() for ch in name):
+        raise ValueError(f"name must be text with a letter or digit, such as {EXAMPLE_NAME!r}")
     weekly = _number(body.get("weekly_hours", 6), "weekly_hours", 0, MAX_WEEKLY_HOURS)
     allowed = body.get("allowed")
     if not isinstance(allowed, list) or not allowed:

@@ -23,6 +23,7 @@ from zoneinfo import ZoneInfo
 
 from tornado import web
 
+from gputap_common.github_names import login_name
 from gputap_common.scopes import BILLING_INSTRUCTOR
 
 from ..domain.courses import (
@@ -276,7 +277,11 @@ class InstructorsHandler(CourseHandler):
     @web.authenticated
     async def put(self, username: str) -> None:
         self.require_admin()
-        check_text(username, "username", MAX_LENGTH["username"])
+        try:
+            # lower case, as the hub names its users; a path or a control character never is one
+            username = login_name(username, "An instructor's username")
+        except ValueError as e:
+            raise web.HTTPError(400, str(e)) from None
         created = await self.blocking(self.store.make_instructor, username, self.caller, self.now())
         self.write_saved({"username": username, "instructor": True}, created)
 

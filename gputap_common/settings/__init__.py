@@ -14,7 +14,7 @@ from .load import (
     settings_from_mapping,
 )
 from .schema import SCHEMA_PATH, defaults, node_at, schema
-from .validate import SettingsError, validate, validated
+from .validate import SettingsError, exit_on_refusal, validate, validated
 
 __all__ = [
     "ENV_PREFIX",
@@ -24,6 +24,7 @@ __all__ = [
     "deep_merge",
     "defaults",
     "env_overrides",
+    "exit_on_refusal",
     "load_settings",
     "node_at",
     "schema",

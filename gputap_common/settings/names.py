@@ -1,8 +1,9 @@
-"""The settings that name GitHub organizations and teams, kept by the one rule of
+"""The settings that name GitHub organizations, teams and users, kept by the one rule of
 ``gputap_common/github_names.py``: lower case ``org`` or ``org:team-slug``, as the hub's groups
-are, so that a team written ``Acme:ML-Staff`` matches the group ``acme:ml-staff``. The schema
-says only that these are lists of strings; the loader applies this, so every reader of the
-settings (the hub's roles, the demo) sees the names kept."""
+are, so that a team written ``Acme:ML-Staff`` matches the group ``acme:ml-staff``; a user's
+login (``courses.instructors``) as the hub names users. The schema says only that these are
+lists of strings; the loader applies this, so every reader of the settings (the hub's roles,
+the demo) sees the names kept."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from ..github_names import org_or_team, team_name
+from ..github_names import login_name, org_or_team, team_name
 from .validate import SettingsError
 
 #: each setting that lists GitHub names -> the rule of its items
@@ -18,6 +19,7 @@ GITHUB_NAMES: dict[str, Callable[[object, str], str]] = {
     "hub.github.admin_teams": team_name,
     "hub.github.allowed_organizations": org_or_team,
     "courses.instructor_teams": team_name,
+    "courses.instructors": login_name,
 }
 
 

@@ -11,9 +11,11 @@ accept a final newline).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -66,6 +68,19 @@ _PLURALS = {
 
 class SettingsError(ValueError):
     """A settings file or override that cannot be used; the message says which key and why."""
+
+
+@contextlib.contextmanager
+def exit_on_refusal(program: str) -> Iterator[None]:
+    """Run the block; a :class:`SettingsError` in it ends the process with status 1 and the
+    refusal as one line on stderr, ``gputap settings (PROGRAM): FILE: KEY ...``. A typo in
+    the settings is the operator's to fix, not a crash: a traceback would bury the line."""
+    try:
+        yield
+    except SettingsError as e:
+        line = " ".join(str(e).splitlines())
+        print(f"gputap settings ({program}): {line}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def validate(

@@ -20,7 +20,8 @@ from .catalog import Offering
 from .environment_form import OWN_IMAGE, Picker, offering_data, render_picker
 from .environment_form import SCRIPT as PICKER_SCRIPT
 from .environment_form import STYLE as PICKER_STYLE
-from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal
+from .form_assets import SCRIPT, STYLE
+from .placement import MIG_PROFILE_KEY, Alternative, Placement, Refusal, RequestError
 
 
 @dataclass(frozen=True)
@@ -250,80 +251,35 @@ _GROUPS = (
     ("cpu", "No GPU"),
 )
 
-_STYLE = """
-<style>
-.gputap-form fieldset{border:1px solid #ccc;border-radius:6px;margin:0 0 12px;padding:8px 12px}
-.gputap-choice{display:block;padding:4px 0;font-weight:normal}
-.gputap-out{color:#888}
-.gputap-what,.gputap-free,.gputap-lasts{margin-left:10px;color:#555}
-.gputap-left{margin-left:10px;font-weight:bold;color:#1a5d1a}
-.gputap-price{margin-left:10px;font-weight:bold}
-.gputap-soldout{color:#b00;font-weight:bold}
-.gputap-sim{background:#fde68a;border-radius:3px;padding:0 4px;font-size:85%}
-.gputap-alt{margin-left:26px;color:#555;font-size:90%}
-.gputap-pick{margin:2px 4px;padding:1px 8px;border:1px solid #4a7bd0;border-radius:4px;
-  background:#eef3fb;color:#1d4ed8;cursor:pointer}
-.gputap-short{margin-left:26px;color:#b00;font-size:90%}
-.gputap-refusal{background:#fde8e8;border:1px solid #d33;border-radius:6px;padding:8px 12px;
-  margin-bottom:10px}
-.gputap-refusal p{margin:0 0 4px}
-.gputap-refusal .gputap-alt{margin-left:0}
-#gputap-course-hours ul{margin:2px 0 10px}
-.gputap-banner{background:#fef3c7;border:1px solid #f59e0b;padding:6px 10px;margin-bottom:10px}
-.gputap-spec input{width:6em}
-#gputap-spec-preview{margin-top:6px;font-style:italic}
-</style>
-"""
 
-_SCRIPT = """
-<script>
-(function () {
-  document.querySelectorAll(".gputap-choice select").forEach(function (select) {
-    select.addEventListener("change", function () {
-      var row = select.closest(".gputap-choice");
-      var lasts = row.querySelector(".gputap-lasts");
-      var texts = JSON.parse(lasts.dataset.byCount || "[]");
-      if (texts[select.selectedIndex]) lasts.textContent = texts[select.selectedIndex];
-      row.querySelector("input[type=radio]").checked = true;
-    });
-  });
+#: the hidden field of a form on which no option was within the credit (options_from_form)
+NOTHING_AFFORDABLE_FIELD = "nothing_affordable"
+NOTHING_AFFORDABLE = (
+    "No option is within your credit, so none could be picked: add credit, or ask your "
+    "instructor to add you to a course that pays for GPU hours."
+)
+NOTHING_PICKED = "No option was picked: pick one of the options, then press Start."
 
-  // an alternative's button selects that option's own row
-  document.querySelectorAll(".gputap-pick").forEach(function (button) {
-    button.addEventListener("click", function () {
-      var radio = document.querySelector(
-        'input[name="choice"][value="' + CSS.escape(button.dataset.pick) + '"]');
-      if (!radio || radio.disabled) return;
-      radio.checked = true;
-      radio.dispatchEvent(new Event("change", {bubbles: true}));
-      radio.closest(".gputap-choice").scrollIntoView({block: "center"});
-      radio.focus();
-    });
-  });
 
-  var box = document.getElementById("gputap-spec");
-  var out = document.getElementById("gputap-spec-preview");
-  var timer = null;
-  function preview() {
-    var q = new URLSearchParams();
-    ["min_memory_gb", "min_tflops", "count"].forEach(function (name) {
-      q.set(name, box.querySelector("[name=spec_" + name + "]").value || "0");
-    });
-    out.textContent = "checking…";
-    fetch(box.dataset.previewUrl + "?" + q.toString(), {credentials: "same-origin"})
-      .then(function (r) { return r.json(); })
-      .then(function (answer) { out.textContent = answer.message; })
-      .catch(function () { out.textContent = "could not check now"; });
-  }
-  box.addEventListener("input", function () {
-    document.getElementById("gputap-spec-radio").checked = true;
-    clearTimeout(timer);
-    timer = setTimeout(preview, 250);
-  });
-  preview();
-})();
-</script>
-"""
+def _beyond_credit(
+    choices: Sequence[Choice], credit: Credit, courses: Sequence[CourseOffer]
+) -> str:
+    """The banner saying that no option is within the credit (with what the cheapest needs)
+    and the hidden field telling :func:`options_from_form` so; "" when one is, or when none
+    has a price (then it is not the credit's doing)."""
+    prices = [c.price_per_hour_micro for c in choices if c.price_per_hour_micro]
+    funded = any(
+        course.hours_left[c.offering.key] > 0
+        for course in courses
+        for c in _course_choices(course, choices)
+    )
+    if not prices or funded or any(credit.covers(price) for price in prices):
+        return ""
+    return (
+        f'<div class="gputap-banner" id="gputap-beyond-credit">{escape(NOTHING_AFFORDABLE)} '
+        f"The cheapest option {escape(credit.shortfall(min(prices)))}.</div>"
+        f'<input type="hidden" name="{NOTHING_AFFORDABLE_FIELD}" value="1">'
+    )
 
 
 def _held(credit: Credit) -> str:
@@ -381,7 +337,7 @@ def render_form(
     """
     currency = credit.currency
     picked = dict(refused.options) if refused else None
-    parts = [_STYLE, PICKER_STYLE if picker else "", '<div class="gputap-form">']
+    parts = [STYLE, PICKER_STYLE if picker else "", '<div class="gputap-form">']
     if refused:
         # the sentence is shown here with its alternatives, so JupyterHub's own copy of it
         # ("Error: ...") above the form is hidden
@@ -404,6 +360,7 @@ def render_form(
         f'<span id="gputap-paid">paid {format_credits(credit.paid_micro)}</span>'
         f"{_held(credit)}). Prices are per hour, billed per second while the server runs.</p>"
     )
+    parts.append(_beyond_credit(choices, credit, courses))
     if courses:
         parts.append(_course_summary(courses))
     picker_at = len(parts)  # filled in once the checked option is known
@@ -478,7 +435,7 @@ def render_form(
         )
     parts.append(f"<fieldset><legend>How to run</legend>{''.join(run)}</fieldset>")
     parts.append("</div>")
-    parts.append(_SCRIPT)
+    parts.append(SCRIPT)
     if picker:
         parts.insert(picker_at, render_picker(picker, checked))
         parts.append(PICKER_SCRIPT)
@@ -491,7 +448,13 @@ def _first(form: Mapping[str, Sequence[str]], name: str, default: str = "") -> s
 
 
 def options_from_form(form_data: Mapping[str, Sequence[str]]) -> dict[str, object]:
-    """Posted form fields → ``user_options`` (validated later, like the REST API's)."""
+    """Posted form fields → ``user_options`` (validated later, like the REST API's).
+
+    A form posted with no option picked is a RequestError saying why: none was within the
+    credit (the form said so), or none was picked."""
+    if not _first(form_data, "choice"):
+        beyond_credit = _first(form_data, NOTHING_AFFORDABLE_FIELD)
+        raise RequestError(NOTHING_AFFORDABLE if beyond_credit else NOTHING_PICKED)
     options = _choice_options(form_data)
     environment = _first(form_data, "environment")
     if environment == OWN_IMAGE:

@@ -162,6 +162,20 @@ def test_only_instructors_create_and_only_admins_make_instructors(people):
     assert people["prof"]("PUT", "api/instructors/stu").status_code == 403
 
 
+@pytest.mark.parametrize(
+    "name", ["..%2F..%2Fx", "ada%0A", "ada%2Fbob", "ada%20lovelace", "%E2%80%AEada"]
+)
+def test_an_instructor_must_have_a_login_name(people, as_ops, name):
+    r = as_ops("PUT", f"api/instructors/{name}")
+    assert r.status_code == 400, r.text
+    assert "must be a login name: 1 to 39 of a-z" in r.json()["message"]
+
+
+def test_an_instructor_is_made_by_login_in_lower_case(as_ops):
+    r = as_ops("PUT", "api/instructors/Prof-Ada")
+    assert r.status_code == 201 and r.json()["username"] == "prof-ada"
+
+
 def test_join_codes_are_rate_limited(hub, people):
     guesser = user(hub, "guesser")
     for _ in range(5):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import types
 from pathlib import Path
 
 import helm_python as helm
@@ -210,6 +212,21 @@ def test_configure_refuses_a_backend_other_than_kubernetes():
 def test_configure_names_a_misspelt_key():
     with pytest.raises(SettingsError, match="backnd"):
         configure(Config(), {"spawner": {"backnd": "kubernetes"}}, environ={})
+
+
+def test_the_charts_extra_config_stops_the_hub_on_a_typo_with_one_line(monkeypatch, capsys):
+    snippet = yaml.safe_load((CHART / "values.yaml").read_text())["jupyterhub"]["hub"][
+        "extraConfig"
+    ]["gputap"]
+    z2jh = types.ModuleType("z2jh")
+    z2jh.get_config = lambda key: {"spawner": {"backnd": "kubernetes"}}
+    monkeypatch.setitem(sys.modules, "z2jh", z2jh)
+    with pytest.raises(SystemExit) as stopped:
+        exec(snippet, {"c": Config()})  # noqa: S102 (as z2jh's jupyterhub_config.py runs it)
+    assert stopped.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gputap settings (hub): jupyterhub.custom.gputap: ")
+    assert "spawner.backnd is not a setting; did you mean spawner.backend?" in line
 
 
 def test_configure_refuses_a_server_user_other_than_z2jhs():

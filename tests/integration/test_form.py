@@ -56,6 +56,24 @@ def test_sold_out_option_is_shown_with_free_alternatives(platform):
     platform.stop_server("gina")
 
 
+def test_with_no_credit_the_form_and_its_start_say_why_nothing_could_be_picked(platform):
+    s = platform.login("broke")
+    assert 'id="gputap-available">10.00<' in s.get(f"{platform.url}/hub/spawn", timeout=30).text
+    platform.adjust("broke", "-10.00")
+    page = s.get(f"{platform.url}/hub/spawn", timeout=30).text
+    assert "No option is within your credit" in page
+    # what the browser posts: the form's hidden fields, no option (every one is disabled)
+    hidden = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page))
+    assert not re.search(r'name="choice" [^>]*checked', page)
+    hidden["_xsrf"] = s.cookies.get("_xsrf")
+    r = s.post(f"{platform.url}/hub/spawn", data=hidden, timeout=60)
+    assert "No option is within your credit, so none could be picked: add credit" in r.text
+    assert "kind must be" not in r.text
+    assert (
+        platform.api.get(f"{platform.url}/hub/api/users/broke", timeout=10).json()["servers"] == {}
+    )
+
+
 def test_spec_preview_names_the_card_before_committing(platform):
     s = platform.login("ivan")
     url = f"{platform.url}/hub/gputap/preview"

@@ -59,6 +59,10 @@ def test_the_hub_api_refuses_huge_and_deep_bodies_with_a_4xx_that_does_not_echo_
     assert r.status_code == 413, r.text[:300]
     r = _hub_api(platform, "big", "POST", "users/big/disks", data="[" * 7_000 + "]" * 7_000)
     assert r.status_code == 400 and len(r.text) < 500, r.text[:300]
+    assert "nested too deep (more than 32 levels" in r.json()["message"]
+    deep_value = '{"name": ' + "[" * 900 + "]" * 900 + "}"
+    r = _hub_api(platform, "big", "POST", "users/big/disks", data=deep_value)
+    assert r.status_code == 400 and "nested too deep" in r.json()["message"], r.text[:300]
     name = "n" * 5000
     r = _hub_api(platform, "big", "POST", "users/big/disks", json={"name": name, "size_gb": 1})
     assert 400 <= r.status_code < 500 and name[:200] not in r.text

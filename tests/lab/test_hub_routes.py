@@ -140,6 +140,28 @@ def test_change_bad_input(server, state, body, message):
     assert state.seen == []
 
 
+#: bodies nested past any depth a route reads: deeper than Python's recursion limit, and
+#: just under it (read, but a recursion error wherever the value is written or shown)
+NESTED = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a":' * 5_000 + b"1" + b"}" * 5_000,
+    b'{"options": {"kind": "cpu", "a": ' + b"[" * 900 + b"]" * 900 + b"}}",
+]
+
+
+@pytest.mark.parametrize("body", NESTED, ids=["list-100000", "object-5000", "options-900"])
+@pytest.mark.parametrize(
+    "path", ["gputap/change", "gputap/disks", "gputap/stopping", "gputap/disks/data/attach"]
+)
+def test_a_body_nested_too_deep_is_a_400_that_says_so(server, state, path, body):
+    answer = server.post(path, data=body)
+    assert answer.status_code == 400, answer.text
+    message = answer.json()["message"]
+    assert "nested too deep" in message and "levels" in message
+    assert len(message) < 200
+    assert state.seen == []
+
+
 def test_disks_lifecycle(server, state):
     listing = server.get("gputap/disks").json()
     assert listing["disks"] == []
@@ -249,6 +271,14 @@ def test_hub_500_passes_through(server, state):
     answer = server.get("gputap/choices")
     assert answer.status_code == 500
     assert answer.json()["message"] == "Unhandled error"
+
+
+@pytest.mark.parametrize("status,answered", [(200, 502), (404, 404)])
+def test_a_hub_answer_nested_too_deep_is_no_500(server, state, status, answered):
+    state.fail_next = (status, "[" * 100_000 + "]" * 100_000)
+    answer = server.get("gputap/server")
+    assert answer.status_code == answered, answer.text
+    assert answer.json()["message"].startswith(f"The hub answered {status}")
 
 
 def test_token_is_sent_and_never_logged(server, state):

@@ -106,6 +106,18 @@ def test_a_bad_job_is_refused(agent, body, message):
     assert requests.get(url + "/status", headers=headers, timeout=5).json()["busy"] is False
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 30_000 + b"]" * 30_000, b'{"argv": ["true"], "env": ' + b"[" * 900 + b"]" * 900 + b"}"],
+)
+def test_a_job_nested_too_deep_is_a_400_that_says_so(agent, raw):
+    url, headers, _, _ = agent
+    r = requests.post(url + "/run", headers=headers, data=raw, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "nested too deep" in r.json()["message"]
+    assert requests.get(url + "/status", headers=headers, timeout=5).json()["busy"] is False
+
+
 def test_one_job_at_a_time_and_a_gone_caller_ends_everything_it_started(agent, tmp_path):
     url, headers, port, _ = agent
     marker = secrets.token_hex(6)

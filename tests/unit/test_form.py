@@ -1,14 +1,19 @@
+import re
+
+import pytest
+
 from spawner.core.asking import Credit, Refused
 from spawner.core.catalog import Catalog
 from spawner.core.form import (
     Choice,
+    CourseOffer,
     credit_lasts,
     format_duration,
     options_from_form,
     render_form,
     with_alternatives,
 )
-from spawner.core.placement import Alternative
+from spawner.core.placement import Alternative, RequestError, parse_options
 
 CATALOG = Catalog.load()
 #: 10.00 of trial credit, nothing held; a server must be able to pay its first minute
@@ -141,6 +146,54 @@ def test_an_option_the_credit_cannot_start_is_marked_with_the_reason():
     html = render_form(choices, credit=some, simulated=False, preview_url="/p")
     assert 'value="card:RTX-4090" checked' in html
     assert '<option value="2" disabled>2</option>' in html
+
+
+def posted(html: str) -> dict[str, list[str]]:
+    """The fields a browser posts from the form as rendered, untouched: its hidden inputs and
+    the checked radio, if any."""
+    fields: dict[str, list[str]] = {}
+    for tag in re.findall(r"<input [^>]*>", html):
+        name, value = re.search(r'name="([^"]*)"', tag), re.search(r'value="([^"]*)"', tag)
+        if 'type="hidden"' in tag or ('type="radio"' in tag and " checked" in tag):
+            fields.setdefault(name.group(1), []).append(value.group(1))
+    return fields
+
+
+def test_a_form_with_nothing_within_the_credit_says_why_and_so_does_its_start():
+    rtx = CATALOG.offering("RTX-4090")
+    broke = Credit(0, 0, 0, 0, min_billable_seconds=60)
+    choices = [Choice(rtx, 2, 2, 1, 5_000_000), Choice(CATALOG.cpu, 1, 1, 1, 100_000)]
+    html = render_form(choices, credit=broke, simulated=False, preview_url="/p")
+    assert "No option is within your credit" in html  # said before Start is pressed
+    fields = posted(html)
+    assert "choice" not in fields
+    with pytest.raises(RequestError) as refused:
+        parse_options(options_from_form(fields), CATALOG)
+    message = str(refused.value)
+    assert message.startswith("No option is within your credit")
+    assert "add credit" in message and "instructor" in message
+    assert "kind must be" not in message
+
+
+def test_a_form_posted_without_a_pick_says_so_when_something_was_within_the_credit():
+    a100 = CATALOG.offering("A100-80GB")
+    choices = [Choice(a100, 0, 1, 1, 8_000_000)]  # affordable but sold out: nothing preselected
+    html = render_form(choices, credit=TEN, simulated=False, preview_url="/p")
+    assert "No option is within your credit" not in html
+    with pytest.raises(RequestError, match="^No option was picked: pick one"):
+        parse_options(options_from_form(posted(html)), CATALOG)
+
+
+def test_course_hours_are_within_reach_without_credit():
+    t4 = CATALOG.offering("T4")
+    broke = Credit(0, 0, 0, 0, min_billable_seconds=60)
+    course = CourseOffer("dl101", "Intro to DL", {"T4": 2.0}, "Monday 00:00 UTC")
+    html = render_form(
+        [Choice(t4, 1, 1, 1, 350_000)], credit=broke, simulated=False, preview_url="/p",
+        courses=[course],
+    )  # fmt: skip
+    assert "No option is within your credit" not in html
+    assert options_from_form(posted(html))["course"] == "dl101"
 
 
 def test_a_refused_start_selects_what_was_picked_and_offers_what_is_free():

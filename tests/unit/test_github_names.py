@@ -4,7 +4,8 @@ slug that fixes it."""
 
 import pytest
 
-from gputap_common.github_names import org_or_team, team_name
+from gputap_common.github_names import login_name, org_or_team, team_name
+from gputap_common.settings import SettingsError, load_settings
 
 
 @pytest.mark.parametrize(
@@ -64,3 +65,32 @@ def test_organizations_or_teams():
         org_or_team("acme:GPU Users")
     with pytest.raises(ValueError, match="not 'acme/'"):
         org_or_team("acme/")
+
+
+@pytest.mark.parametrize(
+    "written,kept",
+    [("ada", "ada"), ("Ada-Lovelace", "ada-lovelace"), ("ada_acme", "ada_acme"), ("a.b", "a.b")],
+)
+def test_logins_are_kept_in_lower_case(written, kept):
+    assert login_name(written) == kept
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["../../x", "..", "ada/bob", "ada\n", "ada\x00", "-ada", "ada lovelace", "", "a" * 40, 7],
+)
+def test_what_is_no_login_is_refused_saying_what_a_login_is(written):
+    with pytest.raises(ValueError) as refused:
+        login_name(written, "courses.instructors[0]")
+    message = str(refused.value)
+    assert message.startswith("courses.instructors[0] must be a login name: 1 to 39 of a-z")
+    assert len(message) < 200
+
+
+def test_an_instructor_in_the_settings_must_be_a_login(tmp_path):
+    settings = tmp_path / "gputap.yaml"
+    settings.write_text("courses:\n  instructors: [Ada, '../../x']\n")
+    with pytest.raises(SettingsError, match=r"^courses.instructors\[1\] must be a login name"):
+        load_settings(settings, environ={})
+    settings.write_text("courses:\n  instructors: [Ada, bob]\n")
+    assert load_settings(settings, environ={}).courses["instructors"] == ["ada", "bob"]

@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
+from .bodies import NotJSON, read_json
+
 
 class HubError(Exception):
     """The hub answered with an error (or something that is not the API's JSON).
@@ -58,8 +60,8 @@ def _error(status: int, body: bytes) -> HubError:
     """The hub's error answer as a HubError; one that is not the API's JSON still says what
     happened."""
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = read_json(body)
+    except NotJSON:
         data = None
     if not isinstance(data, dict):
         data = {}
@@ -158,8 +160,8 @@ class HubClient:
         if response.code == 204 or not response.body:
             return response.code, None
         try:
-            return response.code, json.loads(response.body)
-        except ValueError as e:
+            return response.code, read_json(response.body)
+        except NotJSON as e:
             raise HubError(
                 502, f"The hub answered {response.code} with something that is not JSON."
             ) from e

@@ -18,6 +18,7 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.extension.handler import ExtensionHandlerMixin
 
+from .bodies import NotJSON, read_json
 from .hub import HubClient, HubError
 from .sampler import Sampler
 from .stopping import SCHEMA_ID, stopping_body
@@ -91,9 +92,9 @@ class GPUTapHandler(ExtensionHandlerMixin, APIHandler):
                 raise tornado.web.HTTPError(400, "Send a JSON body.")
             return None
         try:
-            return json.loads(self.request.body)
-        except ValueError as e:
-            raise tornado.web.HTTPError(400, f"The body is not JSON ({e}).") from e
+            return read_json(self.request.body)
+        except NotJSON as e:
+            raise tornado.web.HTTPError(400, f"The body is not JSON ({e}).") from None
 
     async def call_hub(self, method: str, *args: Any) -> None:
         """Ask the hub, answer with its status and JSON (or its error's)."""

@@ -39,6 +39,8 @@ import tornado.web
 from tornado.httpserver import HTTPServer
 from tornado.iostream import StreamClosedError
 
+from .bodies import TOO_DEEP, NotJSON, read_json
+
 log = logging.getLogger("gputap.worker")
 
 TOKEN_ENV = "GPUTAP_WORKER_TOKEN"
@@ -208,9 +210,10 @@ class StatusHandler(Handler):
 def job_body(raw: bytes) -> tuple[list[str], dict[str, str], str]:
     """``{"argv", "env", "cwd"}`` checked, or 400 saying what is wrong."""
     try:
-        body = json.loads(raw or b"{}")
-    except ValueError:
-        raise tornado.web.HTTPError(400, "send a JSON object {argv, env, cwd}") from None
+        body = read_json(raw or b"{}")
+    except NotJSON as e:
+        why = f" ({e})" if str(e) == TOO_DEEP else ""
+        raise tornado.web.HTTPError(400, f"send a JSON object {{argv, env, cwd}}{why}") from None
     if not isinstance(body, dict) or set(body) - {"argv", "env", "cwd"}:
         raise tornado.web.HTTPError(400, "send a JSON object with argv, env and cwd only")
     argv, env, cwd = body.get("argv"), body.get("env") or {}, body.get("cwd") or ""
