@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 #: XIDs of the user's own program failing, not the GPU (graphics engine exception, GPU page
@@ -213,6 +213,30 @@ class HealthBook:
                 entry.update(facts)
                 return
         entries.append({"server": server, **facts})
+
+    def restarts_within(self, server: str, window: timedelta, now: datetime) -> int:
+        """Restarts after faults of ``server`` within ``window`` before ``now``."""
+        count = 0
+        for fault in self.faults:
+            if now - fault.detected_at > window:
+                continue
+            for entry in self.outcomes.get(fault.id, []):
+                if entry["server"] == server and entry.get("restarted"):
+                    count += 1
+        return count
+
+    def reports_by(self, user: str, now: datetime, window: timedelta) -> int:
+        """The devices ``user``'s servers reported failing themselves (Lab's report, noted
+        ``reported``) within ``window`` before ``now``."""
+        count = 0
+        for fault in self.faults:
+            if fault.source != "lab" or now - fault.detected_at >= window:
+                continue
+            for entry in self.outcomes.get(fault.id, []):
+                if entry.get("reported") and entry["server"].split("/")[0] == user:
+                    count += 1
+                    break
+        return count
 
     def to_json(self) -> dict[str, Any]:
         kept = {f.id for f in self.faults}

@@ -41,6 +41,8 @@ log = logging.getLogger("gputap.faults")
 RECOVER_PATH = "gputap/api/admin/gpu-faults/{id}/recover"
 #: the JupyterHub service whose token the desk posts with
 HEALTH_SERVICE = "gputap-health"
+#: the window of a user's daily cap on their servers' own fault reports
+REPORT_WINDOW = timedelta(days=1)
 
 _desk: FaultDesk | None = None
 
@@ -439,6 +441,18 @@ class FaultDesk:
             return False
         if label in self.recovering:
             raise BookError(f"{label} is already being moved off a failed GPU; wait for it")
+        user = label.split("/")[0]
+        cap = int(self.settings["max_reports_per_user_per_day"])
+        if cap == 0:
+            raise BookError(
+                "Servers' own GPU fault reports are off here "
+                "(faults.max_reports_per_user_per_day: 0); tell an admin which GPU fails"
+            )
+        if self.book.reports_by(user, at, REPORT_WINDOW) >= cap:
+            raise BookError(
+                f"{user}'s servers already reported {cap} GPUs as failing in the last 24 "
+                "hours; an admin looks at them (admin/gpu-faults) before more are taken out"
+            )
         node = spawner.node_of_pod()
         record = spawner.record
         if not node or record is None:
@@ -455,19 +469,21 @@ class FaultDesk:
             )
         resource = self.cluster.inventory.resource_of(node, record.offering)
         words = detail or {"lost": "GPU lost", "ecc": "uncorrected ECC errors"}.get(kind, kind)
-        self.report(
-            Fault(
-                kind="reported",
-                detail=f"{words} (reported by the server on {device})",
-                source="lab",
-                node=node,
-                devices=(f"{node}/{device}",),
-                detected_at=at,
-                resource=resource,
-                units=1,
-                pods=(spawner.pod_key,),
-            )
+        fault = Fault(
+            kind="reported",
+            detail=f"{words} (reported by the server on {device})",
+            source="lab",
+            node=node,
+            devices=(f"{node}/{device}",),
+            detected_at=at,
+            resource=resource,
+            units=1,
+            pods=(spawner.pod_key,),
         )
+        self.report(fault)
+        # who reported it, for the user's daily cap (kept in the book across hub restarts)
+        self.book.note_outcome(fault.id, label, reported=True)
+        self.save()
         return True
 
     # -- recovery --------------------------------------------------------------------------
@@ -534,17 +550,6 @@ class FaultDesk:
             client.close()
         return True
 
-    def restarts_within(self, label: str, window: timedelta, now: datetime) -> int:
-        """Restarts after faults of server ``label`` within ``window`` before ``now``."""
-        count = 0
-        for fault in self.book.faults:
-            if now - fault.detected_at > window:
-                continue
-            for entry in self.book.outcomes.get(fault.id, []):
-                if entry["server"] == label and entry.get("restarted"):
-                    count += 1
-        return count
-
     def restart_refusal(self, label: str, now: datetime) -> str | None:
         """Why the server is not started again (restart off, the limit reached), or None."""
         if self.settings["restart"] == "off":
@@ -553,7 +558,7 @@ class FaultDesk:
         if limit == 0:
             return "the operator turned restarts after GPU faults off (faults.max_restarts: 0)"
         seconds = int(self.settings["restart_window_seconds"])
-        if self.restarts_within(label, timedelta(seconds=seconds), now) >= limit:
+        if self.book.restarts_within(label, timedelta(seconds=seconds), now) >= limit:
             span = "day" if seconds == 86400 else f"{seconds // 3600 or 1} h"
             return f"it was already restarted {limit} times after GPU faults in the last {span}"
         return None

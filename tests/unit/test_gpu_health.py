@@ -38,6 +38,7 @@ SETTINGS = {
     "restart_window_seconds": 86400,
     "save_grace_seconds": 0,
     "history": 10,
+    "max_reports_per_user_per_day": 2,
 }
 
 
@@ -307,6 +308,37 @@ def test_a_server_reports_at_most_its_own_gpus_and_none_while_it_moves(tmp_path)
     desk.recovering["ada"] = "f1"
     with pytest.raises(BookError, match="already being moved"):
         desk.server_report("ada", server, "GPU-3", "lost", "", AT)
+
+
+def test_a_users_servers_together_report_at_most_the_daily_cap(tmp_path):
+    """Each report takes a GPU out until an admin returns it: cycling named servers (each
+    within its own count) must not take the cluster's GPUs out one by one."""
+    desk, inventory = kube_desk(tmp_path)
+
+    def server(name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            node_of_pod=lambda: "gpu-l40s",
+            record=SimpleNamespace(count=1, offering="L40S"),
+            pod_key=f"ns/jupyter-ada--{name}",
+        )
+
+    assert desk.server_report("ada/one", server("one"), "GPU-0", "lost", "", AT)
+    assert desk.server_report("ada/two", server("two"), "GPU-1", "lost", "", AT)
+    with pytest.raises(BookError, match="ada's servers already reported 2 GPUs .* 24 hours"):
+        desk.server_report("ada/three", server("three"), "GPU-2", "lost", "", AT)
+    assert held(inventory, "gpu-l40s", "nvidia.com/gpu") == 2
+    # another user is not held to ada's count; ada is again a day later
+    assert desk.server_report("bo", server("bo"), "GPU-2", "lost", "", AT)
+    later = AT + timedelta(days=1, seconds=1)
+    assert desk.server_report("ada/four", server("four"), "GPU-3", "lost", "", later)
+    # the count survives a hub restart: it is in the book
+    desk.save()
+    again = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    assert again.book.reports_by("ada", later, timedelta(days=1)) == 1
+    off = FaultDesk(tmp_path / "off.json", {**SETTINGS, "max_reports_per_user_per_day": 0}, "t")
+    off.add_cluster(SimpleNamespace(inventory=inventory, pods=[]))
+    with pytest.raises(BookError, match="max_reports_per_user_per_day: 0"):
+        off.server_report("cy", server("cy"), "GPU-0", "lost", "", AT)
 
 
 @pytest.mark.parametrize("backend", ["local", "kubernetes"])
