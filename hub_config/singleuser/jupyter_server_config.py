@@ -26,3 +26,20 @@ def _registered(servers: dict) -> dict:
 
 
 c.ServerProxy.servers = _registered(json.loads(os.environ.get("GPUTAP_APPS") or "{}"))
+
+# Lab's terminals: a login shell first, as Jupyter's own default (the system's /etc/profile and
+# the user's ~/.profile run), then an interactive one with the server's own PATH in front again:
+# Debian's /etc/profile resets PATH, which dropped the environment's python from terminals
+# (the README's `python -m http.server 8080` found none, or the system's, without torch).
+_SHELL = os.environ.get("SHELL") or ""
+if os.path.basename(_SHELL) == "bash":
+    os.environ["GPUTAP_SERVER_PATH"] = os.environ.get("PATH", "")
+    c.ServerApp.terminado_settings = {
+        "shell_command": [
+            _SHELL,
+            "-l",
+            "-c",
+            'PATH="$GPUTAP_SERVER_PATH:$PATH"; export PATH; exec "$0" -i',
+            _SHELL,
+        ]
+    }

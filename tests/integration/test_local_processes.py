@@ -131,3 +131,25 @@ def test_a_server_whose_reaper_is_killed_outright_ends_is_billed_to_then_and_fre
     assert platform.spawn("gus", CARD).status_code in (201, 202)
     platform.wait_ready("gus")
     platform.stop_server("gus")
+
+
+def test_a_terminal_runs_the_servers_own_python_after_the_login_scripts(platform):
+    """Lab's terminal is a login shell, and Debian's /etc/profile resets PATH: the README's
+    `python -m http.server 8080` found no python, or the system's, without the environment's
+    packages. The server's own PATH comes first again once the login scripts ran."""
+    platform.create_user("hal")
+    token = platform.user_token("hal")
+    assert platform.spawn("hal", {"kind": "cpu"}).status_code in (201, 202)
+    wait_through_proxy(platform, "hal", token)
+    platform.wait_ready("hal")
+    own = platform.server_env("hal")["PATH"].split(os.pathsep)[0]
+    type_in_terminal(platform, "hal", token, "command -v python > which-python.txt")
+    url = f"{platform.url}/user/hal/api/contents/which-python.txt"
+    headers = {"Authorization": f"token {token}"}
+
+    def written() -> str | None:
+        r = requests.get(url, headers=headers, timeout=30)
+        return r.json()["content"].strip() if r.status_code == 200 else None
+
+    assert platform.wait_for(written, "the terminal's answer", timeout=30) == f"{own}/python"
+    platform.stop_server("hal")
