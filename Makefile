@@ -208,6 +208,7 @@ bench: setup setup-jh55
 	$(PY) bench/billing_pg.py
 	$(PY) bench/class_spawn.py
 	$(PY) bench/scale_out.py
+	$(PY) bench/demo_stop.py
 	$(JH55_PY) bench/kube_scale_out.py
 
 clean:
