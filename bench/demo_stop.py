@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,35 +22,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.test_hub_death import none_left  # noqa: E402
+from tests.integration.test_hub_death import none_left, running_demo  # noqa: E402
 from tests.platform import Platform  # noqa: E402
 
 TARGET_SECONDS = 5.0
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def stop_seconds(platform: Platform, from_script: bool) -> float:
     """Start the demo, press Ctrl-C once it runs, and time until nothing of it is left."""
-    env = {**platform._env(), "PYTHONUNBUFFERED": "1"}
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "hub_config.demo"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_ignore_sigint if from_script else None,
-    )
-    try:
-        for line in demo.stdout:
-            if "gputap is running" in line:
-                break
-        else:
-            raise SystemExit(f"the demo did not start ({demo.wait()})")
+    with running_demo(platform, own_group=True, from_script=from_script) as demo:
         pressed = time.monotonic()
         os.killpg(demo.pid, signal.SIGINT)
         while not none_left(platform):
@@ -59,10 +38,6 @@ def stop_seconds(platform: Platform, from_script: bool) -> float:
                 raise SystemExit("the demo still runs 120 s after Ctrl-C")
             time.sleep(0.05)
         return time.monotonic() - pressed
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-        demo.wait()
 
 
 def main() -> int:

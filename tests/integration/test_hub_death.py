@@ -11,11 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
 
-from tests.platform import Platform
+from tests.platform import ROOT, Platform
 from tests.waiting import wait_for
 
 KINDS = {
@@ -100,22 +101,44 @@ def test_a_hub_killed_with_sigkill_leaves_no_billing_or_culler_to_its_next_start
     ), f"left running: {processes(platform)}"
 
 
+def _ignore_sigint() -> None:
+    # what a script's background job gets from its shell: SIGINT ignored, kept across exec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def running_demo(
+    platform: Platform, own_group: bool = False, from_script: bool = False
+) -> Iterator[subprocess.Popen]:
+    """`make demo`'s program on ``platform``'s settings, once it says it runs; killed at the
+    end if still running. ``own_group``: a process group of its own, as a terminal's
+    foreground job; ``from_script``: SIGINT ignored, as a script's background job."""
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "hub_config.demo"],
+        cwd=ROOT,
+        env={**platform._env(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=own_group,
+        preexec_fn=_ignore_sigint if from_script else None,
+    )
+    try:
+        for line in demo.stdout:
+            if "gputap is running" in line:
+                break
+        else:
+            raise AssertionError(f"the demo did not start ({demo.wait()})")
+        yield demo
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        demo.wait()
+
+
 def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform):
-    env = {**platform._env(), "PYTHONUNBUFFERED": "1"}
     for how in (signal.SIGINT, signal.SIGKILL):  # Ctrl-C, and a demo killed outright
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "hub_config.demo"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            for line in demo.stdout:
-                if "gputap is running" in line:
-                    break
-            else:
-                raise AssertionError(f"the demo did not start ({demo.wait()})")
+        with running_demo(platform) as demo:
             started = processes(platform)
             for kind in ("hub", "billing", "culler", "proxy"):
                 assert started[kind], (kind, started)
@@ -128,36 +151,12 @@ def test_stopping_the_demo_stops_everything_it_started_even_when_killed(platform
                 step=0.2,
             )
             assert stopped, f"after {how.name} still running: {processes(platform)}"
-        finally:
-            if demo.poll() is None:
-                demo.kill()
-                demo.wait()
-
-
-def _ignore_sigint() -> None:
-    # what a script's background job gets from its shell: SIGINT ignored, kept across exec
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.mark.parametrize("started_from", ["a terminal", "a script"])
 def test_ctrl_c_stops_the_demo_and_all_it_started_at_once(platform, started_from):
     """The hub, the proxy, billing and the culler (servers keep running: README)."""
-    env = {**platform._env(), "PYTHONUNBUFFERED": "1"}
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "hub_config.demo"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-        preexec_fn=_ignore_sigint if started_from == "a script" else None,
-    )
-    try:
-        for line in demo.stdout:
-            if "gputap is running" in line:
-                break
-        else:
-            raise AssertionError(f"the demo did not start ({demo.wait()})")
+    with running_demo(platform, own_group=True, from_script=started_from == "a script") as demo:
         pressed = time.monotonic()
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         demo.wait(30)
@@ -171,7 +170,3 @@ def test_ctrl_c_stops_the_demo_and_all_it_started_at_once(platform, started_from
         # a minute when the services inherited an ignored SIGINT; the 5 s target is measured
         # by bench/demo_stop.py (four tests at once on two cores slow this one)
         assert took <= 20, f"Ctrl-C took {took:.1f} s to stop everything ({started_from})"
-    finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
