@@ -16,6 +16,11 @@ def server_label(user: str, server: str = "") -> str:
     return f"{user}/{server}" if server else user
 
 
+def user_of(label: str) -> str:
+    """The user of a server's or worker's label (``user``, ``user/server``, ``...#wK``)."""
+    return label.partition("#")[0].partition("/")[0]
+
+
 def is_worker_name(name: object) -> bool:
     """Whether ``name`` is a worker's name, matched whole (no trailing newline)."""
     return isinstance(name, str) and WORKER_NAME.fullmatch(name) is not None

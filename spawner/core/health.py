@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from gputap_common.names import user_of
+
 #: XIDs of the user's own program failing, not the GPU (graphics engine exception, GPU page
 #: fault, GPU stopped processing, preemptive cleanup, video processor exception, context
 #: switch timeout): logged and ignored, as the NVIDIA device plugin does
@@ -233,7 +235,7 @@ class HealthBook:
             if fault.source != "lab" or now - fault.detected_at >= window:
                 continue
             for entry in self.outcomes.get(fault.id, []):
-                if entry.get("reported") and entry["server"].split("/")[0] == user:
+                if entry.get("reported") and user_of(entry["server"]) == user:
                     count += 1
                     break
         return count

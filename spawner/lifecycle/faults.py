@@ -29,7 +29,7 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from gputap_common import clock, labels
-from gputap_common.names import server_label
+from gputap_common.names import server_label, user_of
 
 from ..core.health import DRAINED, FAULTY, BookError, DeviceHealth, Fault, HealthBook
 from . import placing
@@ -441,7 +441,7 @@ class FaultDesk:
             return False
         if label in self.recovering:
             raise BookError(f"{label} is already being moved off a failed GPU; wait for it")
-        user = label.split("/")[0]
+        user = user_of(label)
         cap = int(self.settings["max_reports_per_user_per_day"])
         if cap == 0:
             raise BookError(
