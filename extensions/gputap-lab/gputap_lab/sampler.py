@@ -187,7 +187,11 @@ class Sampler:
         loop = asyncio.get_running_loop()
         try:
             devices = await loop.run_in_executor(self._executor, self.reader.read)
-            self.cpu_percent = await loop.run_in_executor(self._executor, self.cpu.percent)
+            # /proc is walked only for a device without counters of its own (A100/A30 MIG)
+            if any(d.utilization_percent is None for d in devices):
+                self.cpu_percent = await loop.run_in_executor(self._executor, self.cpu.percent)
+            else:
+                self.cpu_percent = None
         except GPUUnavailable as e:
             if self.message != str(e):
                 self.log.warning("gputap: no GPU numbers: %s", e)
