@@ -27,6 +27,18 @@ def _registered(servers: dict) -> dict:
 
 c.ServerProxy.servers = _registered(json.loads(os.environ.get("GPUTAP_APPS") or "{}"))
 
+# /proxy/PORT/ reaches only ports this server's own processes listen on: on one machine all
+# servers share loopback, and another user's app must never answer (gputap_lab/ports.py).
+# Without gputap-lab in the environment no arbitrary port is proxied at all (apps the
+# server starts itself still are).
+try:
+    from gputap_lab.ports import own_listener
+except ImportError:
+    own_listener = None
+c.ServerProxy.host_allowlist = own_listener or (
+    lambda handler, host: isinstance(getattr(handler, "port", None), int)
+)
+
 # Lab's terminals: a login shell first, as Jupyter's own default (the system's /etc/profile and
 # the user's ~/.profile run), then an interactive one with the server's own PATH in front again:
 # Debian's /etc/profile resets PATH, which dropped the environment's python from terminals

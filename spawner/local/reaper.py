@@ -124,6 +124,8 @@ def run(command: list[str]) -> int:
     """Run ``command`` as the reaper of everything it starts; its exit status."""
     become_subreaper()
     me = os.getpid()
+    # the server's apps proxy reaches only ports of this tree (gputap_lab/ports.py)
+    os.environ["GPUTAP_REAPER_PID"] = str(me)
     server = os.fork()
     if server == 0:
         for sig in FORWARDED:

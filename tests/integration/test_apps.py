@@ -193,3 +193,16 @@ def test_another_user_cannot_reach_alices_own_port(platform, alice):
     r = browser.get(url, timeout=30)
     assert r.status_code == 403, (r.status_code, r.text[:300])
     assert "alice-only" not in r.text
+
+
+def test_another_users_own_proxy_to_alices_port_gets_nothing(platform, alice):
+    """Servers on one machine share loopback: bob's own /proxy/PORT/ must still reach only
+    what his own server started, never alice's app on that port."""
+    url = serve_from_alices_terminal(platform, alice, "mine", "secret.txt", "alice-only")
+    assert get_until(as_user(alice["alice"]), url, lambda r: r.ok, timeout=30).ok
+    bobs_own = url.replace("/user/alice/", "/user/bob/")
+    r = as_user(alice["bob"]).get(bobs_own, timeout=30, allow_redirects=False)
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    assert "alice-only" not in r.text
+    port = bobs_own.split("/proxy/")[1].split("/")[0]
+    assert f"nothing your server started listens on port {port}" in r.text.lower(), r.text[:500]

@@ -10,6 +10,7 @@ from traitlets import Bool, Float, Int, List, TraitError, Type, Unicode, default
 from .gpu import NvmlReader, visible_devices
 from .health import HealthMonitor, NvmlHealthCheck
 from .hub import HubClient
+from .ports import take_local_ports
 from .routes import default_handlers
 from .sampler import Sampler, utcnow
 from .stopping import SCHEMA as STOPPING_SCHEMA
@@ -200,6 +201,8 @@ class GPUTapLab(ExtensionApp):
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(default_handlers)
+        # /proxy/PORT/ reaches this server's own processes only (ports.py)
+        take_local_ports(self.serverapp.web_app)
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
         self.sampler.start()
