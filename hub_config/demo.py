@@ -24,6 +24,7 @@ from gputap_common.settings import Settings, load_settings
 
 from .environments import demo_environments
 from .hub import DEV_LOGIN_NOTICE, ROOT
+from .origins import subdomain_host
 from .with_hub import with_hub
 
 #: who the demo makes admin and instructor when nobody is (the development login only)
@@ -91,7 +92,8 @@ def main() -> int:
     base = "/" + hub["base_url"].strip("/")
     base = base.rstrip("/") + "/"
     host = "127.0.0.1" if hub["ip"] in ("", "0.0.0.0") else hub["ip"]
-    url = f"http://{host}:{hub['port']}{base}"
+    # with servers on users' subdomains the hub is theirs' parent host (hub_config/origins.py)
+    url = (subdomain_host(hub) or f"http://{host}:{hub['port']}") + base
     os.umask(0o077)  # the data directory and its log are the hub's user's (docs/security.md)
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = settings.data_dir / "jupyterhub.log"

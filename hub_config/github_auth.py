@@ -33,6 +33,7 @@ from traitlets import Integer, Set
 from gputap_common import clock
 
 from .github_errors import GitHubError, classify, unavailable
+from .origins import hub_host_only
 
 NOTICES_PATH = "gputap/github-notices"
 CHECKED_AT = "gputap_checked_at"  # auth_state: when GitHub last answered for this user
@@ -126,7 +127,11 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
     )
 
     def get_handlers(self, app: Any) -> list[tuple[str, Any]]:
-        return [*super().get_handlers(app), (rf"/{NOTICES_PATH}", GitHubNoticesHandler)]
+        # login and callback answer only on the hub's host (hub_config/origins.py)
+        return [
+            *hub_host_only(super().get_handlers(app)),
+            (rf"/{NOTICES_PATH}", GitHubNoticesHandler),
+        ]
 
     # -- every GitHub call ---------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from spawner.local.machine import start_health_watch as start_local
 from spawner.local.reaper import reaper_command
 from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
+from . import origins
 from .github import configure_github, github_settings
 from .shared_data import configure_shared_data
 from .with_hub import with_hub
@@ -161,6 +162,7 @@ def apply(c: Any, settings: Settings) -> None:
             "spawner.run_as_system_user: true (one Unix account per user), or "
             "spawner.allow_shared_unix_user: true if every user is trusted."
         )
+    origins.configure_origins(c, origins.subdomain_host(hub))
     if backend == "local":
         _local_backend(c, spawner)
     else:
@@ -302,11 +304,14 @@ def _hub_pages(c: Any, hub: dict[str, Any], base_url: str) -> None:
 
 def _authentication(c: Any, hub: dict[str, Any], instructor_teams: list[str]) -> None:
     github = github_settings(hub)
+    origins.refuse_shared_origin(
+        c.JupyterHub.get("subdomain_host", ""), github is not None, hub["all_users_trusted"]
+    )
     c.Authenticator.admin_users = set(hub["admin_users"])
     c.Authenticator.post_auth_hook = open_billing_account
     notice = hub["login_notice"]
     if github is None:
-        c.JupyterHub.authenticator_class = "dummy"
+        c.JupyterHub.authenticator_class = "hub_config.dev_login.DevLoginAuthenticator"
         c.Authenticator.allow_all = True
         # the development login is always labelled as such, whatever else the notice says
         c.JupyterHub.template_vars = {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}

@@ -28,6 +28,7 @@ from gputap_common.settings import Settings, SettingsError, settings_from_mappin
 
 from .hub import _idle_culler, _url_path, apply_shared, people_roles
 from .kube_backend import configure_spawner
+from .origins import configure_origins, subdomain_host
 
 #: how the settings are named in a refusal: where an operator wrote them
 ORIGIN = "jupyterhub.custom.gputap"
@@ -161,5 +162,7 @@ def configure(
         c.JupyterHub.load_roles = []
     _billing(c, settings, environ)
     _culler(c, settings.section("idle"))
+    chart_host = c.JupyterHub.get("subdomain_host", "")
+    configure_origins(c, subdomain_host(settings.hub, chart_host, on_chart=True) or chart_host)
     apply_shared(c, settings, _url_path(c.JupyterHub.get("base_url", "/")))
     return settings

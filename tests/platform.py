@@ -127,6 +127,10 @@ class Platform:
                 "port": self.port,
                 "hub_port": self.hub_port,
                 "proxy_api_port": self.proxy_api_port,
+                # one origin for every server, so tests reach them at 127.0.0.1; the servers
+                # on subdomains have tests of their own (tests/integration/test_origins.py)
+                "subdomain_host": "",
+                "all_users_trusted": True,
                 "services": [
                     {"name": "ops", "api_token": self.ops_token, "scopes": OPS_SCOPES},
                     *(services or []),

@@ -153,10 +153,19 @@ def hub_environ(manifests: list[dict]) -> dict[str, str]:
     return {"POD_NAMESPACE": "gpu-ns", "HELM_RELEASE_NAME": release, **secrets}
 
 
+def passed_through(values: dict) -> Config:
+    """z2jh's pass-through of hub.config, loaded before hub.extraConfig."""
+    c = Config()
+    for section, traits in values["hub"].get("config", {}).items():
+        c[section].update(traits)
+    return c
+
+
 def z2jh_config(values: dict) -> Config:
     """JupyterHub's config as z2jh's jupyterhub_config.py leaves it for hub.extraConfig:
-    services from hub.services (tokens from Secret `hub`), roles from hub.loadRoles."""
-    c = Config()
+    hub.config passed through, services from hub.services (tokens from Secret `hub`), roles
+    from hub.loadRoles."""
+    c = passed_through(values)
     c.JupyterHub.services = [
         {"name": key, **service, "api_token": f"z2jh-{key}"}
         for key, service in values["hub"].get("services", {}).items()
@@ -488,9 +497,14 @@ def test_the_charts_hub_is_configured_as_one_machines_for_the_same_settings(
     # the same settings (the chart's namespace and PriorityClasses included) on one machine
     mapping = deep_merge(
         settings.raw,
-        {"data_dir": str(tmp_path), "spawner": {"kubernetes": {"hub_ip": "10.42.0.1"}}},
+        {
+            "data_dir": str(tmp_path),
+            "spawner": {"kubernetes": {"hub_ip": "10.42.0.1"}},
+            # the users' subdomains the chart names (z2jh's own setting)
+            "hub": {"subdomain_host": chart.JupyterHub.get("subdomain_host", "")},
+        },
     )
-    one = Config()
+    one = passed_through(values)
     one.KubeSpawner.uid, one.KubeSpawner.fs_gid = chart.KubeSpawner.uid, chart.KubeSpawner.fs_gid
     one.CryptKeeper.keys = ["z2jh-crypt-key"]
     apply(one, settings_from_mapping(mapping, "one machine", {}))

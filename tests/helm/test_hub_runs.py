@@ -512,15 +512,16 @@ def overrides(
     ``hub_connect_url``; GitHub at the stand-in, the callback at the proxy; the fresh
     database's names."""
     kube = {"hub_connect_url": hub_connect_url}
-    gputap: dict = {"spawner": {"kubernetes": kube}}
-    values: dict = {"jupyterhub": {"custom": {"gputap": gputap}}}
+    # everything answers at one loopback address here: no users' subdomains (the examples'
+    # wildcard hosts resolve nowhere), so the test's users are declared trusted
+    gputap: dict = {"spawner": {"kubernetes": kube}, "hub": {"all_users_trusted": True}}
+    hub: dict = {"config": {"JupyterHub": {"subdomain_host": ""}}}
+    values: dict = {"jupyterhub": {"custom": {"gputap": gputap}, "hub": hub}}
     if github is not None:
-        gputap["hub"] = {
-            "github": {"url": github.url, "callback_url": f"{PROXY}/hub/oauth_callback"}
-        }
+        gputap["hub"]["github"] = {"url": github.url, "callback_url": f"{PROXY}/hub/oauth_callback"}
     if database is not None:
         gputap["billing"] = {"database_url": database.url(database.billing)}
-        values["jupyterhub"]["hub"] = {"db": {"url": database.url(database.hub)}}
+        hub["db"] = {"url": database.url(database.hub)}
     return merged(TEST_VALUES, values)
 
 

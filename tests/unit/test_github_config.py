@@ -219,7 +219,7 @@ def test_no_client_id_is_the_development_login(tmp_path):
     f = tmp_path / "g.yaml"
     f.write_text(f"data_dir: {tmp_path}\nhub:\n  login_notice: Welcome\n")
     apply(c, load_settings(f, environ={}))
-    assert c.JupyterHub.authenticator_class == "dummy"
+    assert c.JupyterHub.authenticator_class == "hub_config.dev_login.DevLoginAuthenticator"
     notice = c.JupyterHub.template_vars["announcement_login"]
     assert notice.startswith("Development login: any username") and notice.endswith(" Welcome")
 
