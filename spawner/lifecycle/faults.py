@@ -306,31 +306,37 @@ class FaultDesk:
 
     def give_back(self, device: str, why_not: str | None = None) -> DeviceHealth | None:
         """Return ``device`` to service; :class:`BookError` (409) when the cause still
-        shows (``why_not``) or a recovery on it is not finished."""
+        shows (``why_not``) or a server it failed under is still stopping. A server waiting
+        in line for its like (the machine's only card of that kind faulted) may take it
+        back: that is how its recovery ends."""
         if why_not:
             raise BookError(why_not)
         entry = self.book.devices.get(device)
         if entry is None:
             raise BookError(f"{device} is in service already")
         fault = self.book.find(entry.fault) if entry.fault else None
+        together = [device]
         if fault is not None:
+            # what one fault took out comes back at once: a card's fault took all its slices
+            together = sorted(d for d, e in self.book.devices.items() if e.fault == fault.id)
             busy = [
                 o["server"]
                 for o in self.book.outcomes.get(fault.id, [])
-                if o.get("outcome") in ("stopping", "waiting")
+                if o.get("outcome") == "stopping"
             ]
             if busy:
                 raise BookError(
-                    f"{device}: the recovery of {', '.join(busy)} is not finished; return it "
-                    "once they run again"
+                    f"{device}: {', '.join(busy)} still stopping from it; return it once "
+                    "they stopped"
                 )
-        self._apply_state(device, None)  # first: it reads the entry's units
-        self.book.give_back(device)
-        for watcher in self.watchers:
-            forget = getattr(watcher, "forget", None)
-            if forget is not None:
-                forget(device)
-        log.warning("GPU %s returned to service by an admin", device)
+        for each in together:
+            self._apply_state(each, None)  # first: it reads the entry's units
+            self.book.give_back(each)
+            for watcher in self.watchers:
+                forget = getattr(watcher, "forget", None)
+                if forget is not None:
+                    forget(each)
+        log.warning("GPU %s returned to service by an admin", ", ".join(together))
         self.save()
         for pool in self.pools:
             self._wake(pool)

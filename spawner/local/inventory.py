@@ -320,10 +320,10 @@ class DevicePool:
 
     def free_view(self, as_free: str | None = None) -> FreeView:
         """Free and total devices per offering; ``as_free`` names a holder whose devices
-        count as free (what a server could take if it stopped first)."""
-        capacity: Counter[str] = Counter(
-            d.key for d in self.devices.values() if d.uuid not in self.out
-        )
+        count as free (what a server could take if it stopped first). Devices out of service
+        count in the total, never as free: the machine still has them, and a start that
+        wants one waits in line for its return rather than being told none exists."""
+        capacity: Counter[str] = Counter(d.key for d in self.devices.values())
         free: Counter[str] = Counter(
             d.key for d in self.devices.values() if self._takeable(d, as_free)
         )

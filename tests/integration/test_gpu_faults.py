@@ -28,18 +28,19 @@ def parse(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def write_inventory(path: Path, faults: dict[int, dict]) -> None:
-    gpus = [{**gpu, **({"fault": faults[i]} if i in faults else {})} for i, gpu in enumerate(GPUS)]
+def write_inventory(path: Path, faults: dict[int, dict], cards: list[dict] = GPUS) -> None:
+    gpus = [{**gpu, **({"fault": faults[i]} if i in faults else {})} for i, gpu in enumerate(cards)]
     path.write_text(yaml.safe_dump({"node": "workstation", "gpus": gpus}))
 
 
 class Machine:
     """The platform, and the simulated GPUs' faults as a machine's state."""
 
-    def __init__(self, root: Path, **faults_settings):
+    def __init__(self, root: Path, cards: list[dict] = GPUS, **faults_settings):
         self.inventory = root / "inventory.yaml"
         self.faults: dict[int, dict] = {}
-        write_inventory(self.inventory, {})
+        self.cards = cards
+        write_inventory(self.inventory, {}, cards)
         self.platform = Platform(
             root,
             extra={
@@ -53,7 +54,7 @@ class Machine:
         """A fault on GPU ``index``; when it was injected (epoch seconds)."""
         self.faults[index] = fault
         at = time.time()
-        write_inventory(self.inventory, self.faults)
+        write_inventory(self.inventory, self.faults, self.cards)
         return at
 
     def api(self, path: str, method: str = "GET", body=None) -> requests.Response:
@@ -355,3 +356,41 @@ def running_again(platform, token: str, user: str):
         return view if view["running"] and change.get("state") == "done" else None
 
     return done
+
+
+def test_the_tours_fault_on_the_only_mig_card_waits_for_its_return_then_starts_again(tmp_path):
+    """README tour step 6: a fault on the card of the tour's 1g.10gb slice takes the whole
+    card out; the server waits first in line for a slice (none is left healthy) instead of
+    failing as if the platform had none, and starts again on one when the card is back."""
+    cards = [{"card": "A100-80GB", "mig": ["1g.10gb", "1g.10gb"]}, {"card": "T4"}]
+    m = Machine(tmp_path, cards=cards)
+    p = m.platform
+    p.start()
+    try:
+        p.create_user("tia")
+        token = p.user_token("tia")
+        slice_ = {"kind": "slice", "card": "A100-80GB", "profile": "1g.10gb"}
+        assert p.spawn("tia", slice_).status_code in (201, 202)
+        p.wait_ready("tia")
+        first = m.held_by("tia")
+        m.inject(0, {"xid": 79})
+
+        def change():
+            return user_api(p, token, "users/tia/server").json().get("change") or {}
+
+        waiting = m.wait_for(lambda: change().get("state") == "waiting" and change(), timeout=30)
+        assert "1st in queue" in waiting["message"], waiting
+        assert "has no" not in waiting["message"], waiting
+        # an admin returns the card once the machine no longer declares the fault
+        m.faults.pop(0)
+        write_inventory(m.inventory, m.faults, cards)
+        slices = [d for d in m.devices() if d["label"].startswith("GPU 0:")]
+        assert {d["state"] for d in slices} == {"faulty"}
+        # one Return brings back all the card's fault took out
+        back = m.api(f"admin/gpus/{slices[-1]['id']}/return", "POST", {})
+        assert back.status_code == 200, back.text
+        assert {m.device_by_id(d["id"])["state"] for d in slices} == {"healthy"}
+        m.wait_for(lambda: change().get("state") == "done", timeout=60)
+        assert m.held_by("tia")["offering"] == first["offering"]
+    finally:
+        p.shutdown()

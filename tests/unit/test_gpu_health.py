@@ -99,11 +99,12 @@ def test_the_book_keeps_its_history_capped_and_reads_back_what_it_wrote():
     assert set(book.to_json()["outcomes"]) <= {f.id for f in book.faults}
 
 
-def test_devices_out_of_service_are_neither_free_nor_counted():
+def test_devices_out_of_service_are_never_free_but_still_the_machines():
     devices = pool()
     devices.set_out(["GPU-0"], FAULTY)
     view = devices.free_view()
-    assert (view.max_free("A100-80GB"), view.total("A100-80GB")) == (2, 2)
+    # still counted: a start that wants it waits for its return, not "this platform has none"
+    assert (view.max_free("A100-80GB"), view.total("A100-80GB")) == (2, 3)
     offering = load_catalog({}).offering("A100-80GB")
     taken = devices.take(Placement(offering, 2, "ws", 0), "alice")
     assert "GPU-0" not in [d.uuid for d in taken]
@@ -157,19 +158,20 @@ def test_the_desk_isolates_in_the_same_step_and_names_the_servers_hit(tmp_path):
     assert (tmp_path / "gpu-health.json").stat().st_mode & 0o077 == 0
 
 
-def test_a_device_is_returned_only_once_its_servers_run_again(tmp_path):
+def test_a_device_is_returned_only_once_its_servers_stopped_from_it(tmp_path):
     desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
     devices = pool()
     desk.add_pool(devices)
     hit = fault("GPU-1")
     desk.book.fault(hit)
     desk._isolate(hit, ["GPU-1"])
-    desk.book.note_outcome(hit.id, "alice/gpu", outcome="waiting")
-    with pytest.raises(BookError, match="recovery of alice/gpu is not finished"):
+    desk.book.note_outcome(hit.id, "alice/gpu", outcome="stopping")
+    with pytest.raises(BookError, match="alice/gpu still stopping from it"):
         desk.give_back("GPU-1")
     with pytest.raises(BookError, match="still lost"):
         desk.give_back("GPU-1", "GPU-1 is still lost: NVML cannot open it")
-    desk.book.note_outcome(hit.id, "alice/gpu", outcome="running")
+    # waiting in line for a like device (none left healthy): the return is what it waits for
+    desk.book.note_outcome(hit.id, "alice/gpu", outcome="waiting")
     desk.give_back("GPU-1")
     assert devices.out == {} and desk.book.state("GPU-1") == HEALTHY
     with pytest.raises(BookError, match="in service already"):
@@ -389,3 +391,18 @@ def test_a_resumed_recovery_waits_for_the_hubs_check_of_the_server(tmp_path):
     [outcome] = desk.book.outcomes[hit.id]
     assert outcome["outcome"] == "not restarted", outcome
     assert "turned restarts after GPU faults off" in outcome["why"]
+
+
+def test_one_return_brings_back_everything_its_fault_took_out(tmp_path):
+    desk = FaultDesk(tmp_path / "gpu-health.json", SETTINGS, "token")
+    devices = pool()
+    desk.add_pool(devices)
+    card = fault("GPU-1", "GPU-2")
+    desk.book.fault(card)
+    desk._isolate(card, ["GPU-1", "GPU-2"])  # a card's fault takes all its slices
+    other = fault("GPU-0")
+    desk.book.fault(other)
+    desk._isolate(other, ["GPU-0"])
+    desk.give_back("GPU-2")
+    assert devices.out == {"GPU-0": FAULTY}
+    assert desk.book.state("GPU-1") == HEALTHY and desk.book.state("GPU-0") == FAULTY
