@@ -403,6 +403,7 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
         if still_running:
             self.keep_devices(record)
         else:
+            await self.end_leftovers(record)
             self.machine.release(record, self.who)
         self.wake_queue()
         if record.session_id == self._settled_session:
@@ -424,6 +425,10 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
 
     def before_launch(self, placement: Placement) -> None:
         """Right after the devices were taken: nothing by default."""
+
+    async def end_leftovers(self, record: ServerRecord) -> None:
+        """Before an ended server's devices go back: end what is left of it (nothing by
+        default: a pod's processes end with it)."""
 
     def keep_devices(self, record: ServerRecord) -> None:
         """After a stop, the server may still run: its devices stay taken unless the backend

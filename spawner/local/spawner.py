@@ -31,7 +31,7 @@ from ..core.record import ServerRecord
 from ..core.shared_data import home_link, shared_data_env
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
-from . import moves
+from . import leftovers, moves
 from .disks import LocalDiskStore, link_disks
 from .environments import singleuser_of
 from .inventory import DevicePool
@@ -321,6 +321,9 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             env["GPUTAP_OFFERING"] = self.record.offering
             env["GPUTAP_GPU_COUNT"] = str(self.record.count)
             env["GPUTAP_SIMULATED"] = "1" if self.record.simulated else "0"
+            # every process of this start carries it: what outlives the server is found by
+            # it (leftovers.py)
+            env[leftovers.MARK] = self.record.session_id
         if self.shared_data:
             home = self.server_home
             env.update(
@@ -342,6 +345,14 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         pool = await self.pool()
         await self.machine.check_processes(pool)
         return pool.free_view, pool.free_view()
+
+    async def end_leftovers(self, record: ServerRecord) -> None:
+        """End the processes of this start that outlived its reaper (killed outright),
+        before its devices go to another server."""
+        loop = asyncio.get_running_loop()
+        left = await loop.run_in_executor(None, leftovers.end_marked, record.session_id)
+        if left:
+            self.log.warning("%s: processes %s did not end after SIGKILL", self.who, left)
 
     def keep_devices(self, record: ServerRecord) -> None:
         """A process that never died may still use its GPUs: they stay held under a name of

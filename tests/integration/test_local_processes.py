@@ -115,6 +115,11 @@ def test_a_server_whose_reaper_is_killed_outright_ends_is_billed_to_then_and_fre
     [job] = wait_for_processes(seconds, 1)
     reaper = psutil.Process(platform.server("fay")["state"]["pid"])
     [server] = reaper.children()
+    # and a daemon that escaped the terminal (double fork, setsid): the reaper adopts it, so
+    # once the reaper is gone nothing but the hub can end it
+    detached = f"{random.randint(10**6, 10**7)}.5"
+    type_in_terminal(platform, "fay", token, f"(setsid sleep {detached} &)")
+    [daemon] = wait_for_processes(detached, 1)
     [session] = platform.sessions("fay")
 
     reaper.kill()
@@ -122,6 +127,10 @@ def test_a_server_whose_reaper_is_killed_outright_ends_is_billed_to_then_and_fre
     gone = psutil.wait_procs([server, job], timeout=10)[1]
     assert gone == [], f"{gone} outlived the reaper"
     platform.wait_for(lambda: platform.server("fay") is None, "the hub found fay's server gone")
+    # the GPU goes to the next server only once nothing of fay's runs on it
+    assert not daemon.is_running() or daemon.status() == psutil.STATUS_ZOMBIE, (
+        "fay's detached daemon outlived her server and its GPU was free again"
+    )
     [ended] = [s for s in platform.sessions("fay") if s["id"] == session["id"]]
     assert ended["state"] == "ended"
     ended_at = datetime.fromisoformat(ended["ended_at"]).timestamp()

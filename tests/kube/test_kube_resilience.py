@@ -169,6 +169,8 @@ def test_a_pod_gone_between_the_hubs_polls_ends_when_it_went_when_the_hub_report
         cluster.faults.clear()
     assert session["id"] == sid
     ended = datetime.fromisoformat(session["ended_at"])
-    # the container's finish follows its Killing event within its grace period
-    # (event times have whole seconds)
-    assert -1 < (ended - killed).total_seconds() <= 3, (session, killed)
+    # the container's finish follows its Killing event within its grace period, which the
+    # simulated cluster caps at 5 s (a server's own shutdown takes about 2 s with
+    # jupyter_server 2.21), and event times have whole seconds; the last poll that found it
+    # alive was 6 s before the Killing event
+    assert -1 < (ended - killed).total_seconds() <= 5 + 1, (session, killed)

@@ -44,6 +44,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "billing_service.alembic": {"billing_service.orm"},
     "billing_service": {"gputap_common", "billing_service"},
     "hub_config": {"gputap_common", "spawner"},
+    # the servers' own Jupyter config: it runs in the server, where only gputap-lab is
+    "hub_config.singleuser": {"gputap_lab"},
     "gputap_lab": set(),
 }
 
