@@ -78,3 +78,19 @@ def test_instructor_creates_a_course_and_the_student_spawns_on_it(school, browse
     platform.stop_server("sam")
     student = platform.billing("api/accounts/sam/courses").json()["courses"][0]
     assert student["left_micro"] < 9_000_000  # the seconds it ran came off the allowance
+
+
+def test_each_pays_for_checkbox_sits_on_the_line_of_its_own_label(school, browser):
+    """The form's labels stack their text over their field; a checkbox's label must not (its
+    box then sat on the line of the option before it)."""
+    github, platform = school
+    tess = sign_in(browser, platform, github, "tess")
+    tess.goto(f"{platform.url}/services/billing/courses")
+    choices = tess.locator('#create fieldset label:has(input[type="checkbox"])')
+    assert choices.count() >= 2
+    for i in range(choices.count()):
+        label = choices.nth(i)
+        box, whole = label.locator("input").bounding_box(), label.bounding_box()
+        middle, line = box["y"] + box["height"] / 2, whole["y"] + whole["height"] / 2
+        assert abs(middle - line) <= 3, (label.inner_text(), box, whole)
+        assert box["x"] <= whole["x"] + 2, (label.inner_text(), box, whole)  # before its text
