@@ -10,6 +10,7 @@ from typing import Any
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
+from gputap_common.hours import format_hours
 from gputap_common.money import format_credits
 from gputap_common.scopes import BILLING_ADMIN
 
@@ -19,7 +20,7 @@ from ..domain.usage import daily_gpu_hours
 from .base import BaseHandler
 from .chart import chart_view
 from .courses import CourseHandler
-from .views import course_view, format_hours, price_book_view, session_view, student_course_view
+from .views import course_view, price_book_view, session_view, student_course_view
 
 #: days of GPU-hours the user's page charts: two weeks fit a phone's screen, a row a day
 CHART_DAYS = 14
@@ -146,6 +147,7 @@ class CoursesPageHandler(HubPage, CourseHandler):
             usage=usage,
             options=sorted(s for s in book.skus() if s != "cpu"),
             weekdays=WEEKDAYS,
+            hours=format_hours,
             api_base=self.request.path.rsplit("/courses", 1)[0] + "/api/",
             xsrf=self.xsrf_text,
         )

@@ -134,14 +134,6 @@ def warnings_view(
     ]
 
 
-def format_hours(hours: float) -> str:
-    """4.5 h, 12 h, 0.3 h: one decimal below ten hours, floored so it never promises more
-    (as the spawn form writes course hours)."""
-    if hours >= 10:
-        return f"{int(hours)} h"
-    return f"{int(hours * 10) / 10:g} h"
-
-
 def format_duration_short(seconds: int) -> str:
     """Whole minutes ("14 min") above a minute, else seconds ("45 s")."""
     return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min"

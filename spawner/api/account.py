@@ -8,8 +8,9 @@ from jupyterhub.scopes import has_scope
 from tornado import web
 
 from gputap_common import scopes
+from gputap_common.hours import format_hours
 
-from ..core.form import course_offers, format_hours
+from ..core.form import course_offers
 from ..lifecycle.billing_client import BillingClient, BillingRefused, BillingUnavailable
 
 ACCOUNT_PATH = "gputap/account"

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from html import escape
 
+from gputap_common.hours import format_hours
 from gputap_common.money import format_credits
 
 from .asking import Credit, Refused, format_duration, picked_value
@@ -194,13 +195,6 @@ def course_refusal(offers: list[CourseOffer], slug: str, key: str) -> str | None
             "Pick an option without the course to pay with your own credit."
         )
     return None
-
-
-def format_hours(hours: float) -> str:
-    """4.5 h, 12 h, 0.3 h: one decimal below ten hours, floored so it never promises more."""
-    if hours >= 10:
-        return f"{int(hours)} h"
-    return f"{int(hours * 10) / 10:g} h"
 
 
 def _course_choices(course: CourseOffer, choices: Sequence[Choice]) -> list[Choice]:

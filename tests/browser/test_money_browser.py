@@ -87,6 +87,7 @@ def test_course_hours_are_not_credit_on_the_form_and_the_billing_page(platform, 
     expect(course.locator("td.hours")).to_contain_text(
         re.compile(r"5\.\d h of " + re.escape(SLICE))
     )
+    on_billing = course.locator("td.hours").inner_text().strip()
 
     # the summary adds up on its face, read at one moment
     shown = page.evaluate(
@@ -113,6 +114,11 @@ def test_course_hours_are_not_credit_on_the_form_and_the_billing_page(platform, 
 
     page.set_viewport_size({"width": 1280, "height": 900})
     screenshot(page, "billing-page.png", full_page=True)
+    # the courses page says the course's figure as the billing page does (one rule: floored,
+    # so 5.99 h is 5.9 h on both, not 6.0 h on one); the course pays for nothing running now
+    page.goto(f"{platform.url}/services/billing/courses")
+    taken = page.locator(f'#taken tr.taken[data-slug="{slug}"] td.num')
+    assert taken.inner_text().strip() == on_billing
     platform.stop_server("cora")
 
 
