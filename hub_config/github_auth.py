@@ -32,6 +32,7 @@ from traitlets import Integer, Set
 
 from gputap_common import clock
 
+from . import github_members
 from .github_errors import GitHubError, classify, unavailable
 from .origins import hub_host_only
 
@@ -131,6 +132,7 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
         return [
             *hub_host_only(super().get_handlers(app)),
             (rf"/{NOTICES_PATH}", GitHubNoticesHandler),
+            (rf"/{github_members.PATH}", github_members.MembershipHandler),
         ]
 
     # -- every GitHub call ---------------------------------------------------------------
@@ -373,6 +375,21 @@ class GPUTapGitHubOAuthenticator(GitHubOAuthenticator):
             asyncio.get_running_loop().call_soon(setattr, user, "_auth_refreshed", None)
             return True
         return model
+
+    async def membership_lost(self, user) -> bool:
+        """Whether GitHub answers that ``user`` is no longer a member of
+        ``allowed_organizations`` (their servers stop: github_members.py). An outage, a rate
+        limit or a revoked token says nothing about membership: False."""
+        if not self.allowed_organizations:
+            return False
+        try:
+            model = await super().refresh_user(user, None)
+            if not model or model is True:
+                return False
+            return not await self.check_allowed(user.name, model)
+        except Exception as e:  # GitHub could not say
+            self.log.info("membership of %s not known this round: %s", user.name, e)
+            return False
 
     async def _refreshed(self, user, handler, **kwargs):
         """The refresh itself, answered as :meth:`refresh_user` says, for any request."""

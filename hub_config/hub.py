@@ -32,6 +32,7 @@ from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
 from . import origins
 from .github import configure_github, github_settings
+from .github_members import configure_member_watch
 from .shared_data import configure_shared_data
 from .with_hub import with_hub
 
@@ -317,6 +318,9 @@ def _authentication(c: Any, hub: dict[str, Any], instructor_teams: list[str]) ->
         c.JupyterHub.template_vars = {"announcement_login": f"{DEV_LOGIN_NOTICE} {notice}".strip()}
         return
     configure_github(c, github, hub, instructor_teams)
+    if github["allowed_organizations"]:
+        # removed members' running servers stop within the refresh (github_members.py)
+        configure_member_watch(c, github["refresh_seconds"], _hub_api_url(c))
     if notice:
         c.JupyterHub.template_vars = {
             **c.JupyterHub.get("template_vars", {}),

@@ -122,6 +122,21 @@ def by_admin(name: str) -> Pending:
     return reason
 
 
+def by_membership(organizations: str) -> Pending:
+    """Stopped because GitHub says the user is no longer a member of ``organizations``."""
+
+    def reason(at: datetime) -> StopReason:
+        return StopReason(
+            "membership",
+            f"You are no longer a member of {organizations} on GitHub: your server was "
+            f"stopped at {clock_time(at)}.",
+            "Your files are kept. Ask an owner to add you again, then sign in.",
+            at,
+        )
+
+    return reason
+
+
 def for_change(why: str) -> Pending:
     """Restarted by the user's own change (``why``: "change", "mount disk data", ...)."""
 

@@ -244,3 +244,29 @@ def test_hidden_organizations_are_kept_with_why_and_only_watched_ones_are_banner
         assert f"GitHub hides organization {org} from gputap for {name} ({why})" in (
             open_hub.log_tail(400)
         )
+
+
+def test_a_removed_members_running_server_is_stopped_within_the_refresh(closed_hub, gh):
+    """Without any request of hers: the hub asks GitHub again about users with running
+    servers every refresh, and stops the servers of one GitHub says is no longer a member
+    (an outage is not that), saying why."""
+    _, r = login(closed_hub, "tia")
+    assert r.status_code == 200, r.text
+    assert closed_hub.spawn("tia", {"kind": "cpu"}).status_code in (201, 202)
+    closed_hub.wait_ready("tia")
+    gh.fail("/api/v3/orgs/*", 502)
+    time.sleep(2.5)
+    assert (closed_hub.server("tia") or {}).get("ready"), "an outage stopped tia's server"
+    gh.clear_faults()
+    with gh.state._lock:
+        gh.state.orgs["acme"].teams["gpu-nights"].members.pop("tia")
+    try:
+        closed_hub.wait_for(lambda: closed_hub.server("tia") is None, "tia's server stopped", 20)
+        view = closed_hub.api.get(
+            f"{closed_hub.url}/hub/gputap/api/users/tia/server", timeout=30
+        ).json()
+        assert view["stop"]["kind"] == "membership", view
+        assert "no longer a member" in view["stop"]["message"], view
+    finally:
+        with gh.state._lock:
+            gh.state.orgs["acme"].teams["gpu-nights"].members["tia"] = "member"
