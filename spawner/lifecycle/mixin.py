@@ -277,6 +277,7 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
         with what was picked selected again and the alternatives to pick instead."""
         typed, self._typed = self._typed, {}
         self._tell_desk()
+        new_named = refusals.new_named(self)
         try:
             return await self._start_placed()
         except web.HTTPError as e:
@@ -285,6 +286,8 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
                 options = dict(self.user_options or {})
                 refused = Refused(e.log_message, options, typed=typed)
                 refusals.remember(self.user.name, refused)
+                if new_named:
+                    asyncio.ensure_future(refusals.remove_refused(self))
             raise
 
     async def _start_placed(self):

@@ -7,7 +7,9 @@ server was refused, so the refusal is kept per user, in the hub's memory, for a 
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 from ..core.asking import Refused
 
@@ -24,6 +26,31 @@ def take(username: str) -> Refused | None:
     """The user's refusal if it is recent, once: the next form no longer shows it."""
     at, refused = _refusals.pop(username, (0.0, None))
     return refused if time.monotonic() - at <= SHOWN_SECONDS else None
+
+
+def new_named(spawner: Any) -> bool:
+    """Whether ``spawner`` is a named server the hub made for this start: nothing of it was
+    ever saved (a server that ran keeps at least why it stopped)."""
+    return bool(spawner.name) and not spawner.orm_spawner.state
+
+
+async def remove_refused(spawner: Any, settle_seconds: float = 30) -> None:
+    """Remove a new named server whose first start was refused, once JupyterHub is done
+    with the failed start: JupyterHub makes the server before the start is asked, and it
+    stayed, empty, counting against ``named_server_limit_per_user``. As JupyterHub's own
+    DELETE with ``remove`` does; it never ran, so it holds nothing to delete."""
+    # JupyterHub's own clean-up of the failed start runs first (it awaits nothing of ours)
+    for _ in range(round(settle_seconds / 0.1)):
+        await asyncio.sleep(0.1)
+        if not spawner.pending:
+            break
+    user = spawner.user
+    if spawner.active or user.spawners.get(spawner.name) is not spawner:
+        return  # started again meanwhile, or already removed
+    spawner.log.info("%s: refused at its first start; removed", spawner._log_name)
+    user.db.delete(spawner.orm_spawner)
+    user.spawners.pop(spawner.name, None)
+    user.db.commit()
 
 
 class SpawnFromLink(Exception):

@@ -1,5 +1,6 @@
 """Spawns that cannot happen say why, change nothing, and never share a device."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -76,3 +77,27 @@ def test_no_credit_is_refused_with_the_numbers(platform):
     assert platform.account("broke")["balance_micro"] == 1_000  # nothing was charged
     # a cheaper option the credit does cover still starts
     assert platform.sessions("broke") == []
+
+
+def test_a_refused_new_named_server_is_not_left_behind_against_the_limit(platform):
+    """JupyterHub makes a named server before its start is asked; a refused first start
+    left it there, empty, counting against named_server_limit_per_user (5 here)."""
+    platform.create_user("nemo")
+    for i in range(5):
+        r = platform.spawn("nemo", {"kind": "card", "card": "H100-80GB"}, server_name=f"try{i}")
+        assert r.status_code == 400, r.text
+    listed = "/users/nemo?include_stopped_servers=1"
+    platform.wait_for(
+        lambda: not [n for n in platform.get(listed).json()["servers"] if n.startswith("try")],
+        "the refused servers gone",
+        10,
+    )
+    r = platform.spawn("nemo", {"kind": "cpu"}, server_name="works")
+    assert r.status_code in (201, 202), r.text
+    platform.wait_ready("nemo", server_name="works")
+    platform.stop_server("nemo", server_name="works")
+    # a named server that ran is kept when a later start is refused
+    r = platform.spawn("nemo", {"kind": "card", "card": "H100-80GB"}, server_name="works")
+    assert r.status_code == 400, r.text
+    time.sleep(1)
+    assert "works" in platform.get(listed).json()["servers"]
