@@ -390,6 +390,8 @@ def test_the_tours_fault_on_the_only_mig_card_waits_for_its_return_then_starts_a
         back = m.api(f"admin/gpus/{slices[-1]['id']}/return", "POST", {})
         assert back.status_code == 200, back.text
         assert {m.device_by_id(d["id"])["state"] for d in slices} == {"healthy"}
+        # and nothing else of that fault is left listed out of service (the card itself)
+        assert [d for d in m.devices() if d["state"] != "healthy"] == []
         m.wait_for(lambda: change().get("state") == "done", timeout=60)
         assert m.held_by("tia")["offering"] == first["offering"]
     finally:
