@@ -58,9 +58,22 @@ def configure_spawner(c: Any, kube: dict[str, Any]) -> None:
     c.KubeSpawner.fs_gid = kube["fs_gid"]
     # and only when a volume's root is not the group's yet: a home of a million files is not
     # walked and re-chowned at every start (an operator's own policy stays)
+    # Pod Security "restricted" admits them (docs/kubernetes.md, "Pod Security"): never root,
+    # the runtime's seccomp profile, no capabilities, no privilege escalation; workers copy
+    # both from their server (an operator's own policy stays)
     c.KubeSpawner.pod_security_context = {
         "fsGroupChangePolicy": FS_GROUP_CHANGE_POLICY,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
         **c.KubeSpawner.get("pod_security_context", {}),
+    }
+    c.KubeSpawner.allow_privilege_escalation = False
+    c.KubeSpawner.container_security_context = {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **c.KubeSpawner.get("container_security_context", {}),
     }
     if kube["runtime_class"]:
         # beside z2jh's singleuser.extraPodConfig on the chart; workers copy it from the server

@@ -28,6 +28,7 @@ from gputap_common.settings.render import (
 from hub_config.hub import apply
 from hub_config.z2jh import configure
 from tests.helm.chart import CHART, RELEASE, VENDORED, copy_chart, render, values_of
+from tests.kube_sim.pod_security import pod_specs, restricted_violations
 
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.utils.latest_version()]
@@ -537,3 +538,14 @@ def test_the_charts_cookies_are_same_site_lax_beside_z2jhs_tornado_settings(char
         "cookie_options": {"samesite": "Lax"},
     }
     assert c.Spawner.poll_interval == 10
+
+
+@pytest.mark.parametrize("values_file", VALUE_FILES, ids=IDS)
+def test_every_pod_the_chart_makes_passes_pod_security_restricted(chart_dir, values_file):
+    """z2jh's pods (hub, proxy, pullers, schedulers, placeholders), billing's and the
+    environment puller's, in a namespace labelled pod-security.kubernetes.io/enforce:
+    restricted (the servers' and workers' own pods: tests/kube, whose namespace is)."""
+    specs = pod_specs(render(chart_dir, values_of(values_file)))
+    assert len(specs) >= 6
+    refused = {name: v for name, spec in specs.items() if (v := restricted_violations(spec))}
+    assert refused == {}

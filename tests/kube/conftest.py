@@ -135,11 +135,14 @@ def gputap_cluster(
 
 def install_gputap(cluster, chart_rbac: list[dict], namespaces: tuple[str, ...] = ()) -> None:
     """What `helm install` leaves for gputap in a cluster: its namespace (and ``namespaces``,
-    the operator's), the PriorityClasses and the chart's RBAC (the hub and billing then act by
-    their ServiceAccounts' tokens)."""
+    the operator's; Pod Security restricted), the PriorityClasses and the chart's RBAC (the
+    hub and billing then act by their ServiceAccounts' tokens)."""
     core = kube_api(cluster)
     for namespace in (NAMESPACE, *namespaces):
-        core.create_namespace({"metadata": {"name": namespace}})
+        # as docs/install-kubernetes.md has the operator label them: Pod Security admission
+        # refuses any pod of gputap's the restricted profile does not admit
+        labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+        core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
     create_priority_classes(cluster)
     for manifest in chart_rbac:
         kubernetes.utils.create_from_dict(core.api_client, manifest, namespace=NAMESPACE)

@@ -12,7 +12,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube.conftest import kube_api, kube_platform
+from tests.kube.conftest import NAMESPACE, kube_api, kube_platform
 from tests.kube.test_kube_spawn import pod_of
 
 SLICE = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
@@ -86,7 +86,17 @@ def host_mount_points():
 
 
 @pytest.fixture(scope="module")
-def platform(cluster, models_volume, imagenet_export, host_mount_points, tmp_path_factory):
+def baseline_namespace(cluster):
+    """An NFS export is an inline volume, which Pod Security restricted refuses: a namespace
+    whose servers mount one runs at baseline (docs/kubernetes.md, "Pod Security")."""
+    labels = {"pod-security.kubernetes.io/enforce": "baseline"}
+    kube_api(cluster).patch_namespace(NAMESPACE, {"metadata": {"labels": labels}})
+
+
+@pytest.fixture(scope="module")
+def platform(
+    cluster, baseline_namespace, models_volume, imagenet_export, host_mount_points, tmp_path_factory
+):
     p = kube_platform(cluster, tmp_path_factory.mktemp("kube-shared-data"))
     settings = yaml.safe_load(p.settings_path.read_text())
     p.settings_path.write_text(yaml.safe_dump({**settings, "shared_data": SHARED_DATA}))

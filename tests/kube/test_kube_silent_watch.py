@@ -15,7 +15,7 @@ from spawner.core.catalog import Catalog
 from spawner.kube.watch import ClusterWatcher
 from tests.kube.conftest import HUB_ACCOUNT, NAMESPACE, gputap_cluster
 from tests.kube_sim import admin_key
-from tests.kube_sim.conftest import pod_body
+from tests.kube_sim.conftest import pod_body, restricted
 from tests.waiting import wait_for_async
 
 #: how soon a change must show although every watch went silent (the hub's watches last 10 s
@@ -67,7 +67,7 @@ async def test_a_pods_end_and_a_cordon_are_seen_through_silent_watches(cluster, 
     try:
         await watcher.ready()
         view = watcher.inventory
-        body = pod_body("busy", resources={"limits": {"nvidia.com/gpu": "2"}})
+        body = restricted(pod_body("busy", resources={"limits": {"nvidia.com/gpu": "2"}}))
         body["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
         await v1.create_namespaced_pod("gputap", body)
         await until(lambda: view.view.free("L40S") == 2, 10)
@@ -99,7 +99,7 @@ async def test_the_pod_reflector_as_the_hub_configures_it_sees_a_server_end(clus
     pods = PodReflector(config=config, namespace="gputap", labels={"app": "jupyterhub"})
     try:
         await pods.start()
-        await v1.create_namespaced_pod("gputap", pod_body("jupyter-ada"))
+        await v1.create_namespaced_pod("gputap", restricted(pod_body("jupyter-ada")))
         await until(lambda: "gputap/jupyter-ada" in pods.pods, 10)
         cluster.faults.silence_watches()
         await v1.delete_namespaced_pod("jupyter-ada", "gputap", grace_period_seconds=0)

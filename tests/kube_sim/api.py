@@ -18,6 +18,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from . import owners, storage
+from .pod_security import restricted_violations
 from .store import ApiError, Obj, Store, invalid, not_found, rfc3339, utcnow
 from .validation import validate
 
@@ -67,6 +68,8 @@ POD = BY_PATH[("v1", "pods")]
 EVENT = BY_PATH[("v1", "events")]
 NODE = BY_PATH[("v1", "nodes")]
 NAMESPACE = BY_PATH[("v1", "namespaces")]
+#: the namespace label Pod Security admission enforces a level by
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 SECRET = BY_PATH[("v1", "secrets")]
 CONFIGMAP = BY_PATH[("v1", "configmaps")]
 PRIORITY_CLASS = BY_PATH[("scheduling.k8s.io/v1", "priorityclasses")]
@@ -177,6 +180,22 @@ class Api:
             return self.get(rt, namespace, created["metadata"]["name"])
         return created
 
+    def _pod_security(self, pod: Obj) -> None:
+        """Pod Security admission: a namespace labelled ``pod-security.kubernetes.io/enforce:
+        restricted`` refuses a pod the restricted profile does not admit (pod_security.py)."""
+        namespace = self.find(NAMESPACE, "", pod["metadata"]["namespace"]) or {}
+        level = (namespace["metadata"].get("labels") or {}).get(PSA_ENFORCE) if namespace else None
+        if level != "restricted":
+            return
+        violations = restricted_violations(pod["spec"])
+        if violations:
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'pods "{pod["metadata"].get("name", "")}" is forbidden: violates PodSecurity '
+                f'"restricted:latest": {", ".join(violations)}',
+            )
+
     def _admit(self, rt: ResourceType, obj: Obj) -> None:
         """Defaults the real API server and its admission plugins would fill in."""
         if rt.kind == "Pod":
@@ -209,6 +228,7 @@ class Api:
                 spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
             self._runtime_class(obj)
             _default_toleration_seconds(spec)
+            self._pod_security(obj)
             obj["status"] = {"phase": "Pending", "qosClass": _qos_class(spec)}
         elif rt.kind == "Namespace":
             obj["status"] = {"phase": "Active"}

@@ -57,6 +57,24 @@ def pod_body(name, command=None, env=None, resources=None, **spec):
     }
 
 
+def restricted(body: dict, uid: int = 1000) -> dict:
+    """``body`` (a pod) with what Pod Security restricted asks, running as ``uid``."""
+    spec = body["spec"]
+    spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+        **spec.get("securityContext", {}),
+    }
+    for container in spec["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            **container.get("securityContext", {}),
+        }
+    return body
+
+
 def owned_by(*owners, **flags) -> dict:
     """metadata.ownerReferences naming these pods (client models, or dicts with metadata)."""
     refs = []

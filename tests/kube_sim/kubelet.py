@@ -33,7 +33,7 @@ from .control_loop import ControlLoop, cancel
 from .gpus import DevicePlugin, image_env
 from .netns import NetworkError, PodNetwork
 from .store import ApiError, Obj, WatchEvent, rfc3339, utcnow
-from .volumes import Volumes
+from .volumes import Volumes, runs_as_root_against_policy
 
 log = logging.getLogger("kube_sim.kubelet")
 
@@ -321,6 +321,11 @@ class Kubelet(ControlLoop):
             if pod is None:
                 return
             try:
+                refusal = self.volumes and runs_as_root_against_policy(
+                    pod, container, self.volumes.images
+                )
+                if refusal:
+                    raise ConfigError(refusal)
                 argv, env, cwd = self._command(pod, container, run.workdir)
             except ConfigError as e:
                 self._event(pod, "Failed", f"Error: {e}", "Warning")

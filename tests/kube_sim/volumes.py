@@ -79,6 +79,22 @@ def process_user(pod: Obj, container: Obj, images: dict[str, ImageUser]) -> Proc
     return ProcessUser(int(uid), int(gid), tuple(int(g) for g in groups), home)
 
 
+def runs_as_root_against_policy(pod: Obj, container: Obj, images: dict[str, ImageUser]) -> str:
+    """The kubelet's refusal of a container that asks ``runAsNonRoot`` and would run as root
+    (its securityContext's user, the pod's, or the image's), '' when it may start."""
+    ctx = {
+        **(pod["spec"].get("securityContext") or {}),
+        **(container.get("securityContext") or {}),
+    }
+    if ctx.get("runAsNonRoot") is not True or process_user(pod, container, images).uid != 0:
+        return ""
+    meta = pod["metadata"]
+    return (
+        f'container has runAsNonRoot and image will run as root (pod: "{meta["name"]}_'
+        f'{meta.get("namespace", "")}({meta.get("uid", "")})", container: {container["name"]})'
+    )
+
+
 def apply_fs_group(path: str, gid: int, read_only: bool = False, policy: str = "Always") -> None:
     """Give a volume to group `gid` as the kubelet does for fsGroup."""
     root = os.stat(path)

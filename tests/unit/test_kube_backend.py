@@ -7,6 +7,7 @@ from traitlets.config import Config
 
 from gputap_common.settings import settings_from_mapping
 from hub_config.kube_backend import configure_spawner
+from tests.kube_sim.pod_security import restricted_violations
 
 
 def configured(c: Config | None = None, **kube) -> Config:
@@ -28,6 +29,8 @@ def server_pod(c: Config) -> dict:
         uid=k.uid,
         fs_gid=k.fs_gid,
         pod_security_context=k.get("pod_security_context"),
+        container_security_context=k.get("container_security_context"),
+        allow_privilege_escalation=k.get("allow_privilege_escalation"),
         extra_pod_config=k.get("extra_pod_config"),
     )
     return ApiClient().sanitize_for_serialization(pod)
@@ -37,7 +40,8 @@ async def test_homes_are_given_to_the_servers_group_only_when_their_root_is_not_
     spec = server_pod(configured())["spec"]
     # the kubelet walks a volume only when its root is not the group's: a home of a million
     # files is not re-chowned at every start
-    assert spec["securityContext"] == {"fsGroup": 100, "fsGroupChangePolicy": "OnRootMismatch"}
+    assert spec["securityContext"]["fsGroup"] == 100
+    assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     # an operator's own policy stays
     c = Config()
     c.KubeSpawner.pod_security_context = {"fsGroupChangePolicy": "Always"}
@@ -51,3 +55,15 @@ async def test_servers_run_under_the_runtime_class_named_else_the_clusters_defau
     spec = server_pod(configured(c, runtime_class="nvidia"))["spec"]
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["enableServiceLinks"] is False
+
+
+async def test_servers_pods_pass_pod_security_restricted_and_an_operators_policy_stays():
+    assert restricted_violations(server_pod(configured())["spec"]) == []
+    c = Config()
+    c.KubeSpawner.container_security_context = {
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    }
+    spec = server_pod(configured(c))["spec"]
+    assert restricted_violations(spec) == [
+        "unrestricted capabilities (container \"notebook\" adds ['SYS_PTRACE'])"
+    ]
