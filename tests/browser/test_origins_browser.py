@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+from playwright.sync_api import expect
 
 from tests.platform import Platform
 
@@ -157,4 +158,30 @@ def test_an_admin_who_opens_alices_app_gives_it_nothing_of_the_hubs(platform, br
     # a link of the app's to the hub's login on its own host lands on the hub's host
     page.goto(f"http://alice.localhost:{platform.port}/hub/login")
     assert page.url.startswith(f"{hub}/hub/"), page.url
+    context.close()
+
+
+def test_alices_lab_opens_on_her_host_with_gputaps_panel(platform, browser):
+    """The tour's Lab, as `make demo` serves it: on alice's own host, the gputap panel reads
+    her server and credit through her server's routes, and the hub's pages stay one click
+    away on the hub's host."""
+    hub = f"http://localhost:{platform.port}"
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(f"{hub}/hub/login")
+    page.fill("#username_input", "alice")
+    page.fill("#password_input", "anything")
+    page.click("#login_submit")
+    page.wait_for_url(lambda url: "/hub/login" not in url, wait_until="commit")
+    page.goto(f"http://alice.localhost:{platform.port}/user/alice/lab")
+    status = page.get_by_test_id("gputap-status")
+    expect(status).to_be_visible(timeout=90_000)
+    expect(status).to_contain_text("credits", timeout=30_000)
+    assert page.url.startswith(f"http://alice.localhost:{platform.port}/user/alice/lab")
+    # JupyterLab's own link to the hub (File > Hub Control Panel) names the hub's host
+    hub_host = page.evaluate(
+        "() => JSON.parse(document.getElementById('jupyter-config-data').textContent).hubHost"
+    )
+    assert hub_host == hub, hub_host
     context.close()
