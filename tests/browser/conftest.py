@@ -1,5 +1,6 @@
 """Chromium from Debian, driven by Playwright, headless."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,9 @@ def navigations_survive_other_tests_network_changes():
             except Error as e:
                 if NETWORK_CHANGED not in str(e) or attempt == 2:
                     raise
+                # a new pod's interfaces change several times in a row: let them settle, or
+                # the page's own requests meet the next change
+                time.sleep(2)
 
     Page.goto = goto_again
     yield
