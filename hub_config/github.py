@@ -143,7 +143,7 @@ _PLAIN_HTTP_CARRIES = {
 def refuse_plain_http(key: str, url: str) -> None:
     """Refuse an ``http://`` URL of ``hub.github.KEY`` unless its host is this machine."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or _loopback(parts.hostname or ""):
+    if parts.scheme != "http" or is_loopback(parts.hostname or ""):
         return
     raise SettingsError(
         f"hub.github.{key} {url} is plain http: {_PLAIN_HTTP_CARRIES[key]} would travel "
@@ -152,7 +152,8 @@ def refuse_plain_http(key: str, url: str) -> None:
     )
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
     if host.lower() == "localhost":
         return True
     try:

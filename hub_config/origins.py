@@ -15,7 +15,6 @@ host back to the hub's own host, so no hub login cookie is ever set where a user
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,17 +22,9 @@ from jupyterhub.utils import subdomain_hook_idna
 
 from gputap_common.settings import SettingsError
 
+from .github import is_loopback
+
 AUTO = "auto"
-LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
-
-
-def _loopback(ip: str) -> bool:
-    if ip in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(ip).is_loopback
-    except ValueError:
-        return False
 
 
 def checked_host(value: str) -> str:
@@ -64,7 +55,7 @@ def subdomain_host(hub: dict[str, Any], chart_host: str = "", on_chart: bool = F
         return checked_host(value) if value else ""
     if chart_host:
         return checked_host(chart_host)
-    if not on_chart and _loopback(hub["ip"]):
+    if not on_chart and is_loopback(hub["ip"]):
         return f"http://localhost:{hub['port']}"
     return ""
 

@@ -15,6 +15,7 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
+from tests.browser.test_hub_pages import log_in
 from tests.platform import Platform
 
 CPU = {"kind": "cpu"}
@@ -119,15 +120,8 @@ def admin_tokens(platform) -> dict[str, dict]:
 
 
 def test_an_admin_who_opens_alices_app_gives_it_nothing_of_the_hubs(platform, browser):
-    hub = f"http://localhost:{platform.port}"
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(30_000)
-    page.goto(f"{hub}/hub/login")
-    page.fill("#username_input", "admin")
-    page.fill("#password_input", "anything")
-    page.click("#login_submit")
-    page.wait_for_url(lambda url: "/hub/login" not in url, wait_until="commit")
+    hub = platform.url  # the hub's own host, http://localhost:PORT
+    page = log_in(browser, platform, "admin")
     before = admin_tokens(platform)
 
     page.goto(f"http://alice.localhost:{platform.port}/user/alice/page/")
@@ -158,22 +152,16 @@ def test_an_admin_who_opens_alices_app_gives_it_nothing_of_the_hubs(platform, br
     # a link of the app's to the hub's login on its own host lands on the hub's host
     page.goto(f"http://alice.localhost:{platform.port}/hub/login")
     assert page.url.startswith(f"{hub}/hub/"), page.url
-    context.close()
+    page.context.close()
 
 
 def test_alices_lab_opens_on_her_host_with_gputaps_panel(platform, browser):
     """The tour's Lab, as `make demo` serves it: on alice's own host, the gputap panel reads
     her server and credit through her server's routes, and the hub's pages stay one click
     away on the hub's host."""
-    hub = f"http://localhost:{platform.port}"
-    context = browser.new_context()
-    page = context.new_page()
+    hub = platform.url  # the hub's own host, http://localhost:PORT
+    page = log_in(browser, platform, "alice")
     page.set_default_timeout(60_000)
-    page.goto(f"{hub}/hub/login")
-    page.fill("#username_input", "alice")
-    page.fill("#password_input", "anything")
-    page.click("#login_submit")
-    page.wait_for_url(lambda url: "/hub/login" not in url, wait_until="commit")
     page.goto(f"http://alice.localhost:{platform.port}/user/alice/lab")
     status = page.get_by_test_id("gputap-status")
     expect(status).to_be_visible(timeout=90_000)
@@ -184,4 +172,4 @@ def test_alices_lab_opens_on_her_host_with_gputaps_panel(platform, browser):
         "() => JSON.parse(document.getElementById('jupyter-config-data').textContent).hubHost"
     )
     assert hub_host == hub, hub_host
-    context.close()
+    page.context.close()

@@ -17,7 +17,7 @@ import time
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _stat(pid: int | str) -> list[bytes] | None:
+def stat_fields(pid: int | str) -> list[bytes] | None:
     """The fields of /proc/PID/stat after the command's name (from the state on)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -30,7 +30,7 @@ def _stat(pid: int | str) -> list[bytes] | None:
 
 def tree_cpu_seconds(root: int) -> float | None:
     """CPU seconds of ``root``'s descendants, live and ended (not ``root``'s own)."""
-    own = _stat(root)
+    own = stat_fields(root)
     if own is None:
         return None
     children: dict[int, list[int]] = {}
@@ -38,7 +38,7 @@ def tree_cpu_seconds(root: int) -> float | None:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        fields = _stat(entry)
+        fields = stat_fields(entry)
         if fields is None or fields[0] == b"Z":
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))

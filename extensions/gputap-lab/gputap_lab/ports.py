@@ -25,6 +25,8 @@ from jupyter_server.utils import url_path_join
 from jupyter_server_proxy.handlers import LocalProxyHandler
 from tornado import web
 
+from .cpu import stat_fields
+
 LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 #: set by gputap's reaper (spawner/local/reaper.py) for the server it runs
@@ -61,15 +63,9 @@ def _tree(root: int) -> Iterator[int]:
     """``root`` and its live descendants."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        fields = stat_fields(entry) if entry.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     todo = [root]
     while todo:
         pid = todo.pop()
