@@ -14,6 +14,11 @@ Several clusters run at once (pytest workers, test modules): names carry the pro
 counter, the subnet is chosen under a lock among those no route of the host uses, and objects
 left by a killed run (their process id is gone) are removed when the next network starts.
 Creating namespaces and links needs root.
+
+The host's side of every link gets no IPv6 link-local address (``addrgenmode none``): a new
+address on the host is a network change to every browser on the machine, which drops its
+requests in flight (Chromium's ``net::ERR_NETWORK_CHANGED``), and the browser tests run beside
+the cluster tests. Only the bridge's own address comes and goes, once per cluster.
 """
 
 from __future__ import annotations
@@ -196,6 +201,7 @@ class PodNetwork:
             self.host_ip = str(self.subnet.network_address + 1)
             _live.add(self.bridge)
             _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("link", "set", self.bridge, "addrgenmode", "none")
             _ip("addr", "add", f"{self.host_ip}/{PREFIX}", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
         atexit.register(self.stop)
@@ -225,6 +231,7 @@ class PodNetwork:
             stdin=(
                 f"netns add {netns}\n"
                 f"link add {veth} type veth peer name eth0 netns {netns}\n"
+                f"link set {veth} addrgenmode none\n"
                 f"link set {veth} master {self.bridge} up\n"
             ),
         )

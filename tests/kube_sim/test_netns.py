@@ -168,6 +168,28 @@ def test_stopping_a_cluster_leaves_no_namespace_or_link_behind():
     assert during_ns & namespaces() == set() and during_links & links() == set()
 
 
+def host_addresses() -> set[tuple[str, str]]:
+    out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout
+    return {
+        (link["ifname"].partition("@")[0], addr["local"])
+        for link in json.loads(out)
+        for addr in link.get("addr_info", [])
+    }
+
+
+def test_a_pod_coming_and_going_changes_no_address_of_the_host(core, ns, kube):
+    # a new address on the host is a network change to a browser, which drops its requests
+    # in flight (net::ERR_NETWORK_CHANGED): the browser tests run beside these
+    before = host_addresses()
+    core.create_namespaced_pod(ns, pod_body("quiet"))
+    wait_for(lambda: core.read_namespaced_pod("quiet", ns).status.phase == "Running")
+    veths = {link for link in links() if link.startswith("ksv")}
+    during = host_addresses()
+    core.delete_namespaced_pod("quiet", ns, grace_period_seconds=0)
+    assert veths, "the pod's veth is on the host"
+    assert {(name, addr) for name, addr in during - before if name in veths} == set()
+
+
 def dead_pid() -> int:
     proc = subprocess.Popen([PY, "-c", "pass"])
     proc.wait()
