@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 from gputap_common.settings import Settings, load_settings
+from spawner.local.accounts import servers_run_as
 
 from .environments import demo_environments
 from .hub import DEV_LOGIN_NOTICE, ROOT
@@ -83,6 +84,18 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 90) -> bool:
     return False
 
 
+def servers_text(settings: Settings) -> str:
+    """Who the servers run as (docs/security.md, "Servers' Unix users")."""
+    mode = servers_run_as(settings.spawner)
+    if mode == "per_user":
+        return "an account of each user's own (gputap-NAME), never root"
+    if mode == "system":
+        return "the system account of each user's name"
+    if os.geteuid() == 0:
+        return "root, the hub's own user (spawner.server_user: hub): every user is trusted"
+    return "the hub's own Unix user (yours)"
+
+
 def main() -> int:
     given = load_settings()
     # the demo's admin and instructor, and the data-science environment `make setup` built
@@ -131,6 +144,7 @@ def main() -> int:
             f"{environments_text(settings)}"
             f"  Billing page: {url}services/billing/\n"
             f"  Data (homes, databases): {Path(settings.data_dir)}\n"
+            f"  Servers run as: {servers_text(settings)}\n"
             "  Press Ctrl-C to stop.\n",
             flush=True,
         )

@@ -24,6 +24,7 @@ from spawner.core.catalog import load_catalog
 from spawner.core.environments import environments_from_settings
 from spawner.kube.homes import KUBE_HOME
 from spawner.lifecycle import faults
+from spawner.local.accounts import servers_run_as
 from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.machine import DeviceSource
 from spawner.local.machine import start_health_watch as start_local
@@ -97,13 +98,13 @@ async def open_billing_account(authenticator, handler, authentication):
     return authentication
 
 
-def private_data_dir(data_dir: Path, others_pass: bool) -> None:
-    """Make the data directory (databases, secrets, logs) private to the hub's user: 0700,
-    or 0711 when servers run as other Unix users (``others_pass``), who must pass through it
-    to their homes and disks but may not list or read it. Its files are written 0600
-    (jupyterhub_config.py sets the umask)."""
+def private_data_dir(data_dir: Path) -> None:
+    """Make the data directory (databases, secrets, logs, homes) private to the hub's user:
+    0700. Servers of accounts of their own reach their home and disks in it through a view
+    of their own (spawner/local/view.py), never through its permissions. Its files are written
+    0600 (jupyterhub_config.py sets the umask)."""
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(data_dir, 0o711 if others_pass else 0o700)
+    os.chmod(data_dir, 0o700)
 
 
 def billing_settings(settings: Settings) -> dict[str, Any]:
@@ -131,7 +132,8 @@ def apply(c: Any, settings: Settings) -> None:
     """Fill JupyterHub's config object ``c`` from settings."""
     hub = settings.hub
     data_dir = settings.data_dir
-    private_data_dir(data_dir, settings.spawner["run_as_system_user"])
+    own_uid = servers_run_as(settings.spawner) != "hub"
+    private_data_dir(data_dir)
     base_url = _url_path(hub["base_url"])
 
     c.JupyterHub.ip = hub["ip"]
@@ -154,14 +156,15 @@ def apply(c: Any, settings: Settings) -> None:
     if (
         backend == "local"
         and github_settings(hub) is not None
-        and not spawner["run_as_system_user"]
+        and not own_uid
         and not spawner["allow_shared_unix_user"]
     ):
         raise SettingsError(
             "GitHub login with the local backend lets anyone with a GitHub account run code as "
-            "the hub's own Unix user (reading every home and the databases). Set "
-            "spawner.run_as_system_user: true (one Unix account per user), or "
-            "spawner.allow_shared_unix_user: true if every user is trusted."
+            "the hub's own Unix user (reading every home and the databases). Run the hub as "
+            "root with spawner.server_user: auto or per_user (a Unix account per user), or set "
+            "spawner.run_as_system_user: true, or spawner.allow_shared_unix_user: true if every "
+            "user is trusted."
         )
     origins.configure_origins(c, origins.subdomain_host(hub))
     if backend == "local":
@@ -221,7 +224,9 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     venv_bin = str(Path(sys.executable).parent)
     # under the reaper: nothing a server starts outlives it (spawner/local/reaper.py)
     c.Spawner.cmd = [*reaper_command(), str(Path(venv_bin) / "jupyterhub-singleuser")]
-    c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+    # root only where an operator chose servers as the hub's own user and runs it as root
+    as_root = os.geteuid() == 0 and servers_run_as(spawner) == "hub"
+    c.Spawner.args = ["--allow-root"] if as_root else []
     extra = {k: str(v) for k, v in spawner["environment"].items()}
     # servers never reach out to the internet: no news feed, no update checks (an operator's
     # own config folders come first)
@@ -239,6 +244,7 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
         c.GPULocalSpawner.inventory_file = spawner["inventory_file"]
     c.GPULocalSpawner.homes_root = spawner["homes_root"]
     c.GPULocalSpawner.run_as_system_user = spawner["run_as_system_user"]
+    c.GPULocalSpawner.server_user = spawner["server_user"]
 
 
 def _environments(c: Any, settings: Settings) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from gputap_common.settings import Settings, SettingsError
 from spawner.kube.shared_data import shared_data_pod_settings
+from spawner.local.accounts import servers_run_as
 from spawner.local.shared_data import folder_problem, writable_by_hub
 
 log = logging.getLogger("gputap.config")
@@ -30,15 +31,16 @@ def configure_shared_data(c: Any, settings: Settings, kube_home: str) -> None:
         ]
         c.KubeSpawner.environment = {**c.KubeSpawner.get("environment", {}), **pod["environment"]}
         return
-    system_users = settings.spawner["run_as_system_user"]
+    other_users = servers_run_as(settings.spawner) != "hub"
     for i, entry in enumerate(entries):
-        problem = folder_problem(entry, f"shared_data[{i}]", system_users)
+        problem = folder_problem(entry, f"shared_data[{i}]", other_users)
         if problem:
             raise SettingsError(problem)
-        if not system_users and writable_by_hub(entry):
+        if not other_users and writable_by_hub(entry):
             log.warning(
                 "shared_data[%d] %s: servers run as the hub's own user, who may write %s; "
-                "it is read-only only by agreement (spawner.run_as_system_user makes it so)",
+                "it is read-only only by agreement (a hub running as root with "
+                "spawner.server_user auto or per_user makes it so)",
                 i,
                 entry["name"],
                 entry["folder"],

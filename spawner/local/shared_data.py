@@ -1,12 +1,13 @@
-"""Shared data on one machine. A local server has no mount namespace of its own, so each
-``shared_data`` folder is linked into the home at its mount path (/models: ``~/models``), as
-data disks are linked into ``~/disks``.
+"""Shared data on one machine: each ``shared_data`` folder is linked into the home at its mount
+path (/models: ``~/models``), as data disks are linked into ``~/disks``.
 
-What keeps it read-only is the folder's permissions. Servers run as system users: the hub
-refuses at start-up a folder that one of them could write (:func:`folder_problem`): owned by
-someone other than root or the hub's user, or writable by its group or by others. Servers run
-as the hub's own user: they are that user, and may write wherever it may; the OS enforces
-nothing, which the hub says in its log at start-up (docs/lab.md, "Shared data, read-only").
+What keeps it read-only: servers of Unix accounts of their own (``spawner.server_user``
+per_user, the default for a hub running as root, or system users) start in a mount namespace
+of their own where each shared folder is bound read-only (view.py): no write gets through,
+whatever its files' modes; the hub only checks at start-up that their accounts may read the
+folder (:func:`folder_problem`). Servers run as the hub's own user: they are that user, and may
+write wherever it may; the OS enforces nothing, which the hub says in its log at start-up
+(docs/lab.md, "Shared data, read-only").
 """
 
 from __future__ import annotations
@@ -20,35 +21,21 @@ from typing import Any
 from ..core.shared_data import home_link
 
 
-def folder_problem(entry: Mapping[str, Any], where: str, system_users: bool) -> str | None:
-    """What keeps ``entry``'s folder (setting ``where``) from being shared read-only, or None.
-    Blocking."""
+def folder_problem(entry: Mapping[str, Any], where: str, other_users: bool) -> str | None:
+    """What keeps ``entry``'s folder (setting ``where``) from being shared read-only, or None:
+    missing, or (servers of ``other_users``) not readable by others. Blocking."""
     folder = Path(entry["folder"])
     if not folder.is_dir():
         return f"{where}.folder {folder} is not a folder on this machine; create it or fix the path"
-    if not system_users:
+    if not other_users:
         return None
-    info = folder.stat()
-    if info.st_uid not in (0, os.geteuid()):
+    mode = folder.stat().st_mode
+    wanted = stat.S_IROTH | stat.S_IXOTH
+    if mode & wanted != wanted:
         return (
-            f"{where}.folder {folder} belongs to uid {info.st_uid}, whose servers could write "
-            f"it; give it to root (chown -R root: {folder})"
+            f"{where}.folder {folder} is not readable by servers' users (mode "
+            f"{stat.S_IMODE(mode):o}): chmod o+rx {folder}, and o+r on its files"
         )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (
-            f"{where}.folder {folder} is writable by its group or by others "
-            f"(mode {stat.S_IMODE(info.st_mode):o}), so servers could change it; "
-            f"chmod -R go-w {folder}"
-        )
-    for part in (folder, *folder.parents):
-        mode = part.stat().st_mode
-        wanted = stat.S_IXOTH | (stat.S_IROTH if part == folder else 0)
-        if mode & wanted != wanted:
-            fix = "rx" if part == folder else "x"
-            return (
-                f"{where}.folder {folder} is not readable by servers' users: {part} has mode "
-                f"{stat.S_IMODE(mode):o}; chmod o+{fix} {part}"
-            )
     return None
 
 

@@ -23,6 +23,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Dict, Float, List, Unicode, default
 
+from ..core.apps import all_apps
 from ..core.catalog import Catalog
 from ..core.dirnames import safe_dirname
 from ..core.disks import HOME_FOLDER
@@ -31,7 +32,8 @@ from ..core.record import ServerRecord
 from ..core.shared_data import home_link, shared_data_env
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
-from . import leftovers, moves
+from . import leftovers, moves, view
+from .accounts import Account, own_account, server_user_mode, system_account
 from .disks import LocalDiskStore, link_disks
 from .environments import singleuser_of
 from .inventory import DevicePool
@@ -40,9 +42,9 @@ from .reaper import reaper_command
 from .shared_data import link_shared_data
 from .workers import LocalWorkers
 
-DEFAULT_INVENTORY_FILE = (
-    Path(__file__).resolve().parents[2] / "hub_config" / "simulated-inventory.yaml"
-)
+#: gputap's own code, which the reaper and the servers' configuration come from
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_INVENTORY_FILE = CHECKOUT / "hub_config" / "simulated-inventory.yaml"
 
 
 class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
@@ -120,6 +122,18 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """,
     )
 
+    server_user = Unicode(
+        "auto",
+        config=True,
+        help="""Who servers run as, unless run_as_system_user: "per_user" (an account gputap
+        makes for each user, gputap-<name>; needs a hub running as root), "hub" (the hub's
+        own Unix user), or "auto": per_user when the hub runs as root, else hub
+        (spawner/local/accounts.py).
+
+        c.GPULocalSpawner.server_user = "per_user"
+        """,
+    )
+
     disk_root = Unicode(
         "/srv/gputap/disks",
         config=True,
@@ -148,6 +162,10 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     #: the disk links a system user's server makes as it starts (see _link_disks)
     _links: tuple[Path, Path, dict[str, Path], set[str]] | None = None
     _worker_backend: LocalWorkers | None = None
+    #: the Unix account this start runs as (None: the hub's own user), found in launch
+    account: Account | None = None
+    #: the folders of the disks attached to this start
+    _disk_folders: list[Path] = []
 
     @property
     def home_dir(self) -> str:
@@ -159,6 +177,27 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         if self.run_as_system_user:
             return Path(pwd.getpwnam(self.user.name).pw_dir)
         return Path(self.home_dir)
+
+    @property
+    def user_mode(self) -> str:
+        """What this hub's servers run as: "system", "per_user" or "hub" (accounts.py)."""
+        return server_user_mode(self.server_user, self.run_as_system_user, os.geteuid())
+
+    @property
+    def own_uid(self) -> bool:
+        """Whether servers run as a Unix account other than the hub's."""
+        return self.user_mode != "hub"
+
+    async def ensure_account(self) -> None:
+        """Find the account this server runs as (``account``), made with its home at a
+        user's first start; once per start, and again after a hub restart."""
+        mode = self.user_mode
+        loop = asyncio.get_running_loop()
+        if mode == "system":
+            self.account = await loop.run_in_executor(None, system_account, self.user.name)
+        elif mode == "per_user":
+            home = Path(self.home_dir)
+            self.account = await loop.run_in_executor(None, own_account, self.user.name, home)
 
     # -- data disks -----------------------------------------------------------------------
 
@@ -173,7 +212,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         """Move ``old``'s home and data disks to ``new``'s names (an account move,
         spawner/lifecycle/moving.py); returns what moves them back. MoveRefused, with
         nothing moved, when ``new`` holds files there or homes are system users' own."""
-        if self.run_as_system_user:
+        if self.user_mode == "system":
             raise MoveRefused(
                 "Servers run as system users, whose homes are their Unix accounts' own: "
                 f"rename the Unix account {old} to {new} (usermod --login {new} --move-home "
@@ -197,20 +236,21 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def _link_disks(self) -> None:
         """Link the disks attached to this server into ~/disks, and unlink those detached.
 
-        As the hub's own user (homes under homes_root) the hub makes the links. For system
-        users the server's process makes them once it is that user (make_preexec_fn): a hub
-        running as root never works inside a home its user controls."""
+        As the hub's own user (homes under homes_root) the hub makes the links. For servers
+        of their own accounts the server's process makes them once it is that user
+        (make_preexec_fn): a hub running as root never works inside a home its user
+        controls."""
         disks, elsewhere = await self.disks_to_mount()
         store = self.disk_store
         wanted = {d.name: store.folder(self.user.name, d.name) for d in disks}
         links = (self.server_home, Path(store.root), wanted, elsewhere)
+        self._disk_folders = list(wanted.values())
         loop = asyncio.get_running_loop()
-        if self.run_as_system_user:
+        if self.account is not None:
             self._links = links
             if os.geteuid() == 0:
                 # disk folders live in the hub's disks root, which no user can change
-                user = pwd.getpwnam(self.user.name)
-                await loop.run_in_executor(None, _give_folders, wanted.values(), user)
+                await loop.run_in_executor(None, _give_folders, wanted.values(), self.account)
             return
         blocked = await loop.run_in_executor(None, _link_in_home, *links)
         for name in blocked:
@@ -225,9 +265,9 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             self.mounted_disks = [d for d in self.mounted_disks if d["name"] not in blocked]
 
     async def _link_shared_data(self) -> None:
-        """Link the shared folders into the home (for system users their server's process
-        does, as it does the disks: make_preexec_fn)."""
-        if not self.shared_data or self.run_as_system_user:
+        """Link the shared folders into the home (for servers of their own accounts their
+        server's process does, as it does the disks: make_preexec_fn)."""
+        if not self.shared_data or self.account is not None:
             return
         loop = asyncio.get_running_loop()
         blocked = await loop.run_in_executor(
@@ -279,13 +319,13 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     # -- process environment --------------------------------------------------------------
 
     def make_preexec_fn(self, name):
-        if self.run_as_system_user:
-            become_user = super().make_preexec_fn(name)
+        if self.account is not None:
+            enter = self.process_setup()
             links, self._links = self._links, None
             shared = (self.server_home, list(self.shared_data))
 
             def preexec() -> None:
-                become_user()
+                enter()
                 if links is not None:
                     try:
                         link_disks(*links)
@@ -295,17 +335,64 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                     print(f"gputap: {path} not linked into the home", file=sys.stderr)
 
             return preexec
-        home = self.home_dir
+        return self.process_setup()
 
-        def preexec() -> None:
-            os.makedirs(home, 0o700, exist_ok=True)
-            os.chdir(home)
+    def process_setup(self) -> Callable[[], None]:
+        """What a process of this server (the server, a worker's agent) does after fork:
+        as root, a view of the machine's folders of its own (view.py); then become the
+        server's account and start in its home. Without an account of its own, make the
+        home under homes_root and start there."""
+        account = self.account
+        if account is None:
+            home = self.home_dir
 
-        return preexec
+            def in_home() -> None:
+                os.makedirs(home, 0o700, exist_ok=True)
+                os.chdir(home)
+
+            return in_home
+        plan = self._view_plan(account) if os.geteuid() == 0 else None
+
+        def as_account() -> None:
+            try:
+                if plan is not None:
+                    view.enter(plan)
+                account.become()
+            except OSError as e:  # Popen says only "Exception occurred in preexec_fn"
+                print(f"gputap: cannot start as {account.name}: {e}", file=sys.stderr)
+                raise
+
+        return as_account
+
+    def _view_plan(self, account: Account) -> view.Plan:
+        """What the account must reach (its environment, gputap's code its server runs, its
+        home and disks) and the folders it sees read-only (shared data)."""
+        needed = [CHECKOUT, account.home, *_installation(sys.executable)]
+        python = self.server_environment.python
+        if python:
+            needed += _installation(str(singleuser_of(python)))
+        needed += self._disk_folders
+        needed += self._named_paths()
+        read_only = [Path(entry["folder"]) for entry in self.shared_data]
+        return view.plan(needed, read_only, account.uid, account.groups)
+
+    def _named_paths(self) -> list[Path]:
+        """What the operator names for servers: absolute paths in the spawner's environment
+        (JUPYTER_CONFIG_PATH, PYTHONPATH) and in apps' commands (a folder an app serves)."""
+        words = [
+            part
+            for value in self.environment.values()
+            if isinstance(value, str)
+            for part in value.split(os.pathsep)
+        ]
+        if self.apps:
+            words += [str(w) for app in all_apps(self.apps).values() for w in app["command"]]
+        return [Path(w) for w in words if w.startswith("/")]
 
     def user_env(self, env: dict[str, str]) -> dict[str, str]:
-        if self.run_as_system_user:
-            return super().user_env(env)
+        if self.account is not None:
+            env.update(self.account.env(), SHELL="/bin/bash")
+            return env
         env["USER"] = self.user.name
         env["HOME"] = self.home_dir
         env["SHELL"] = "/bin/bash"
@@ -362,6 +449,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     async def launch(self, placement: Placement) -> tuple[str, int]:
         """Link the disks, start the process, and return once it answers HTTP (billing
         starts when the server is up); a process that never answered is stopped."""
+        await self.ensure_account()
         await self._link_disks()
         await self._link_shared_data()
         self._run_environment()
@@ -425,7 +513,26 @@ def _link_in_home(home: Path, root: Path, wanted: dict[str, Path], keep: set[str
     return link_disks(home, root, wanted, keep)
 
 
-def _give_folders(folders: Iterable[Path], user: pwd.struct_passwd) -> None:
+def _installation(program: str) -> list[Path]:
+    """The folders a program of a Python environment runs from: the environment's, and the
+    installation a virtual environment is made from (its interpreter's, through links and the
+    script's ``#!`` line)."""
+    path = Path(program)
+    found = [path.parent.parent]
+    interpreter = path
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512)
+        if first.startswith(b"#!"):
+            interpreter = Path(first[2:].split()[0].decode(errors="replace"))
+    except (OSError, IndexError):
+        pass
+    real = Path(os.path.realpath(interpreter))
+    found += [interpreter.parent.parent, real.parent.parent]
+    return found
+
+
+def _give_folders(folders: Iterable[Path], account: Account) -> None:
     """Disk folders belong to their user (the hub made them as root); never through a link."""
     for folder in folders:
-        os.chown(folder, user.pw_uid, user.pw_gid, follow_symlinks=False)
+        os.chown(folder, account.uid, account.gid, follow_symlinks=False)

@@ -21,8 +21,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from jupyterhub.spawner import set_user_setuid
-
 from gputap_common import clock
 
 from ..core.environments import Environment
@@ -96,8 +94,6 @@ class WorkerServer(Protocol):
 
     who: str
     cmd: list[str]
-    run_as_system_user: bool
-    home_dir: str
     log: Any
     user: Any
 
@@ -105,6 +101,10 @@ class WorkerServer(Protocol):
     def server_environment(self) -> Environment: ...
 
     def get_env(self) -> dict[str, str]: ...
+
+    async def ensure_account(self) -> None: ...
+
+    def process_setup(self) -> Callable[[], None]: ...
 
     async def gpu_views(
         self, options: ServerOptions
@@ -143,19 +143,10 @@ class LocalWorkers:
         )
         return env
 
-    def _preexec(self) -> Callable[[], None]:
-        if self.spawner.run_as_system_user:
-            return set_user_setuid(self.spawner.user.name)  # its uid, groups and home
-        home = self.spawner.home_dir
-
-        def preexec() -> None:
-            os.makedirs(home, 0o700, exist_ok=True)
-            os.chdir(home)
-
-        return preexec
-
     async def launch(self, worker: Worker, token: str) -> tuple[str, int]:
         spawner = self.spawner
+        # the server's own account (found again after a hub restart), its view and home
+        await spawner.ensure_account()
         host = worker_host(worker.index)
         program = agent_program(spawner.server_environment.python, list(spawner.cmd))
         # the hub binds the agent's socket and hands it over: a port chosen and then bound
@@ -172,7 +163,7 @@ class LocalWorkers:
                 "--name",
                 worker.name,
                 env=self._env(worker, token),
-                preexec_fn=self._preexec(),
+                preexec_fn=spawner.process_setup(),
                 start_new_session=True,  # its own process group, ended as a whole
                 stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(fd,),

@@ -24,6 +24,7 @@ def site(tmp_path_factory):
     """The operator's app's files: a page python -m http.server serves."""
     folder = tmp_path_factory.mktemp("site")
     (folder / "index.html").write_text("<h1>the operator's notes app</h1>")
+    folder.chmod(0o755)  # the servers' accounts read it
     return folder
 
 

@@ -4,7 +4,6 @@ GPU asked for does not meet is a 400 that says what is allowed, and nothing star
 runs the environment's own jupyterhub-singleuser; billing records the environment."""
 
 import secrets
-import stat
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ def python_environment(root: Path) -> Path:
     singleuser = bin_dir / "jupyterhub-singleuser"
     real = Path(sys.executable).parent / "jupyterhub-singleuser"
     singleuser.write_text(f'#!/bin/sh\nexport {MARK}="$0"\nexec {real} "$@"\n')
-    singleuser.chmod(singleuser.stat().st_mode | stat.S_IXUSR)
+    singleuser.chmod(0o755)  # as an installed program is: every server account runs it
     return root
 
 

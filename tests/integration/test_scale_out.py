@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import time
@@ -167,6 +168,10 @@ def test_two_workers_train_across_the_group_billed_to_the_second_kernel_intact(p
 
     reapers = {w: worker_processes(platform, w) for w in ("w1", "w2")}
     assert all(len(found) == 1 for found in reapers.values()), reapers
+    if os.geteuid() == 0:  # agents run as the server's account: its token in their
+        # environment is readable by ada's processes alone (test_server_accounts.py)
+        ada = pwd.getpwnam("gputap-ada").pw_uid
+        assert {found[0].uids().real for found in reapers.values()} == {ada}
     started = {w: found[0].create_time() for w, found in reapers.items()}
     asked = time.time()
     r = requests.delete(workers_url(platform, "ada"), headers=auth(token), timeout=30)

@@ -1,9 +1,9 @@
 """Shared data on one machine, through the real hub: a models folder linked into every home
 at its mount path, listed by the server's contents API, and the Hugging Face variables set.
-Servers here run as the hub's own user (the test machine has no system users to spare), so
-the OS does not make the folder read-only for them: the hub says so in its log at start-up.
-For system users the permission check and a server process's failed write are tested in
-tests/unit/test_shared_data.py."""
+Servers here run as accounts of their own (the default for a hub running as root), whose
+view holds the folder read-only: tests/integration/test_server_accounts.py tries to write it;
+servers as the hub's own user are told in the hub's log that agreement alone keeps it
+read-only (tests/unit/test_shared_data.py)."""
 
 import json
 from pathlib import Path
@@ -22,6 +22,7 @@ def models(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("hf-cache")
     (folder / MODEL_FILE).parent.mkdir(parents=True)
     (folder / MODEL_FILE).write_text('{"model_type": "tiny"}')
+    folder.chmod(0o755)  # servers' accounts read it
     return folder
 
 
@@ -58,7 +59,4 @@ def test_the_models_folder_is_seen_in_the_home_with_the_hugging_face_variables(p
     assert json.loads(r.json()["content"]) == {"model_type": "tiny"}
     assert (home / "models").is_symlink()
 
-    # as the hub's own user, the hub warned that only agreement keeps it read-only
-    log = platform.log_path.read_text()
-    assert "servers run as the hub's own user, who may write" in log
     platform.stop_server("hana")

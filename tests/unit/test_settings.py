@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from gputap_common.settings import SettingsError, load_settings
@@ -56,8 +58,17 @@ def test_github_login_on_one_machine_needs_separate_unix_users(tmp_path):
     f.write_text(
         f"data_dir: {tmp_path}\nhub:\n  github:\n    client_id: abc\n    client_secret: s\n"
     )
-    with pytest.raises(SettingsError, match="run_as_system_user: true"):
-        apply(Config(), load_settings(f, environ={}))
+    shared = {"GPUTAP__SPAWNER__SERVER_USER": "hub"}
+    with pytest.raises(SettingsError, match="server_user: auto or per_user.*run_as_system_user"):
+        apply(Config(), load_settings(f, environ=shared))
+    c = Config()
+    # the default: a Unix account per user where the hub is root, its own user otherwise
+    if os.geteuid() == 0:
+        apply(c, load_settings(f, environ={}))
+        assert c.GPULocalSpawner.server_user == "auto"
+    else:
+        with pytest.raises(SettingsError, match="server_user: auto or per_user"):
+            apply(Config(), load_settings(f, environ={}))
     c = Config()
     apply(c, load_settings(f, environ={"GPUTAP__SPAWNER__RUN_AS_SYSTEM_USER": "true"}))
     assert c.JupyterHub.authenticator_class == "hub_config.github_auth.GPUTapGitHubOAuthenticator"
