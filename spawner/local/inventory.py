@@ -189,6 +189,16 @@ def simulated_uuid(node: str, index: int, slot: int | None = None) -> str:
     return "MIG-" + str(uuid.uuid5(SIMULATED_NAMESPACE, f"{node}/{index}/{slot}"))
 
 
+def file_node(path: str | Path) -> str | None:
+    """The ``node:`` the simulated inventory names, or None."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    node = data.get("node") if isinstance(data, dict) else None
+    return str(node) if node else None
+
+
 def file_gpus(path: str | Path, catalog: Catalog) -> list[SimulatedGpu]:
     """The cards declared in a YAML file (see hub_config/simulated-inventory.yaml)."""
     data = yaml.safe_load(Path(path).read_text()) or {}

@@ -19,7 +19,14 @@ from ..core.placement import FreeView, Placement
 from ..core.record import ServerRecord
 from ..lifecycle import faults
 from .health import LocalHealthWatcher
-from .inventory import Device, DevicePool, InventoryUnavailable, load_local_devices, nvml_busy
+from .inventory import (
+    Device,
+    DevicePool,
+    InventoryUnavailable,
+    file_node,
+    load_local_devices,
+    nvml_busy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +69,7 @@ class LocalMachine:
         async with self._lock:
             if self._pool is None:
                 devices = await self._read(catalog)
-                pool = DevicePool(devices, self.source.node)
+                pool = DevicePool(devices, self._node_of(devices))
                 for holder, uuids in self._pending.items():
                     for device_uuid in pool.claim(uuids, holder):
                         log.warning("%s: device %s is gone or taken", holder, device_uuid)
@@ -74,6 +81,13 @@ class LocalMachine:
                 kind = "simulated" if pool.simulated else "NVML"
                 log.info("GPU inventory of %s: %d %s devices", pool.node, len(devices), kind)
             return self._pool
+
+    def _node_of(self, devices: list[Device]) -> str:
+        """The machine's name in placements and pages: the simulated inventory's own ``node:``
+        for its cards (the machine the file describes), else the host's."""
+        if devices and all(d.simulated for d in devices):
+            return file_node(self.source.inventory_file) or self.source.node
+        return self.source.node
 
     async def _read(self, catalog: Catalog) -> list[Device]:
         source = self.source

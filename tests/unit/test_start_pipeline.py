@@ -132,3 +132,13 @@ async def test_two_starts_never_take_the_same_device():
     assert a.devices and b.devices and not set(a.devices) & set(b.devices)
     await first.give_back()
     assert list(held(made)) == ["bob"]
+
+
+async def test_simulated_cards_are_on_the_node_their_inventory_file_names(tmp_path):
+    # the admin GPU page and placements named the simulated machine by the host's name
+    made = await machine()
+    assert made.pool_now.node == "workstation"  # hub_config/simulated-inventory.yaml's node
+    bare = tmp_path / "inventory.yaml"
+    bare.write_text("gpus:\n  - card: T4\n")
+    unnamed = LocalMachine(DeviceSource("file", str(bare), (), "host-name"))
+    assert (await unnamed.pool(CATALOG)).node == "host-name"
