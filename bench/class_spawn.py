@@ -35,6 +35,9 @@ exec(open({config!r}).read())
 c.JupyterHub.spawner_class = "simple"
 c.SimpleLocalProcessSpawner.home_dir_template = {homes!r} + "/{{username}}"
 c.Spawner.cmd = [{singleuser!r}]
+# stock servers run as the hub's user: root, here
+import os
+c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
 """
 SINGLEUSER = str(Path(sys.executable).parent / "jupyterhub-singleuser")
 TIMEOUT = 600

@@ -21,11 +21,11 @@ import urllib.request
 from pathlib import Path
 
 from gputap_common.settings import Settings, load_settings
-from spawner.local.accounts import servers_run_as
 
 from .environments import demo_environments
 from .hub import DEV_LOGIN_NOTICE, ROOT
 from .origins import subdomain_host
+from .server_users import servers_run_as
 from .with_hub import with_hub
 
 #: who the demo makes admin and instructor when nobody is (the development login only)

@@ -24,16 +24,17 @@ from spawner.core.catalog import load_catalog
 from spawner.core.environments import environments_from_settings
 from spawner.kube.homes import KUBE_HOME
 from spawner.lifecycle import faults
-from spawner.local.accounts import servers_run_as
 from spawner.local.environments import NoSingleuser, singleuser_of
 from spawner.local.machine import DeviceSource
 from spawner.local.machine import start_health_watch as start_local
+from spawner.local.pool import pool_limits, python_of, static_env, warm_pool
 from spawner.local.reaper import reaper_command
 from spawner.local.spawner import DEFAULT_INVENTORY_FILE
 
 from . import origins
 from .github import configure_github, github_settings
 from .github_members import configure_member_watch
+from .server_users import servers_run_as
 from .shared_data import configure_shared_data
 from .with_hub import with_hub
 
@@ -217,6 +218,10 @@ def apply_shared(c: Any, settings: Settings, base_url: str) -> None:
     _apps(c, settings.section("apps"), set(settings.environments))
     configure_shared_data(c, settings, KUBE_HOME)
     _environments(c, settings)
+    if spawner["backend"] == "local":
+        # the default environment's pool imports while the hub starts: the first start is warm
+        limits = pool_limits(spawner["pool"])
+        warm_pool(limits, python_of(c.Spawner.cmd[-1]), static_env(c.Spawner.environment))
 
 
 def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
@@ -245,6 +250,7 @@ def _local_backend(c: Any, spawner: dict[str, Any]) -> None:
     c.GPULocalSpawner.homes_root = spawner["homes_root"]
     c.GPULocalSpawner.run_as_system_user = spawner["run_as_system_user"]
     c.GPULocalSpawner.server_user = spawner["server_user"]
+    c.GPULocalSpawner.server_pool = spawner["pool"]
 
 
 def _environments(c: Any, settings: Settings) -> None:

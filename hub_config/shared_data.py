@@ -9,8 +9,9 @@ from typing import Any
 
 from gputap_common.settings import Settings, SettingsError
 from spawner.kube.shared_data import shared_data_pod_settings
-from spawner.local.accounts import servers_run_as
 from spawner.local.shared_data import folder_problem, writable_by_hub
+
+from .server_users import servers_run_as
 
 log = logging.getLogger("gputap.config")
 

@@ -55,3 +55,8 @@ if os.path.basename(_SHELL) == "bash":
             _SHELL,
         ]
     }
+
+# JupyterLab's extension manager installs nothing here: environments are the operator's (a
+# server's account cannot write them), and a server reaches no package index; "readonly" also
+# spares each start the PyPI manager's set-up (docs/instant-start.md)
+c.LabApp.extension_manager = "readonly"

@@ -10,6 +10,9 @@
   never runs as root unless an operator writes ``hub`` and runs the hub as root.
 
 ``spawner.run_as_system_user`` (existing system accounts of the same name) comes before all.
+
+Only the standard library: the server pool's process (forkserver.py), which runs in a server
+environment's Python, uses :class:`Account` too.
 """
 
 from __future__ import annotations
@@ -21,12 +24,8 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from gputap_common.settings import SettingsError
 
 CHOICES = ("auto", "per_user", "hub")
 PREFIX = "gputap-"
@@ -62,18 +61,6 @@ def server_user_mode(setting: str, run_as_system_user: bool, euid: int) -> str:
     return setting
 
 
-def servers_run_as(spawner: Mapping[str, Any]) -> str:
-    """What the settings' one-machine servers run as ("system", "per_user", "hub"; "hub" on
-    Kubernetes, where pods are what they are); a choice this hub cannot carry out is a
-    SettingsError, saying why."""
-    if spawner["backend"] != "local":
-        return "hub"
-    try:
-        return server_user_mode(spawner["server_user"], spawner["run_as_system_user"], os.geteuid())
-    except AccountError as e:
-        raise SettingsError(str(e)) from None
-
-
 def account_name(user: str) -> str:
     """The login of ``user``'s servers: ``gputap-`` and the name where it is a valid login,
     else its valid part and a hash, so different users never share an account."""
@@ -107,6 +94,14 @@ class Account:
 
     def env(self) -> dict[str, str]:
         return {"USER": self.name, "LOGNAME": self.name, "HOME": str(self.home)}
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "groups": list(self.groups), "home": str(self.home)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Account:
+        groups = tuple(data["groups"])
+        return cls(data["name"], data["uid"], data["gid"], groups, Path(data["home"]))
 
 
 def system_account(user: str) -> Account:

@@ -29,6 +29,8 @@ import os
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -122,6 +124,20 @@ def end_all(me: int) -> list[int]:
 
 def run(command: list[str]) -> int:
     """Run ``command`` as the reaper of everything it starts; its exit status."""
+
+    def execute() -> int:
+        try:
+            os.execvp(command[0], command)
+        except OSError as e:
+            print(f"reaper: cannot run {command[0]}: {e}", file=sys.stderr)
+        return 127
+
+    return run_with(execute)
+
+
+def run_with(serve: Callable[[], int]) -> int:
+    """Run ``serve`` in a child process as the reaper of everything it starts (an exec, or
+    a server in the process itself: the server pool's forkserver.py); its exit status."""
     become_subreaper()
     me = os.getpid()
     # the server's apps proxy reaches only ports of this tree (gputap_lab/ports.py)
@@ -130,12 +146,18 @@ def run(command: list[str]) -> int:
     if server == 0:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
+        code = 1
         try:
             end_with(me)
-            os.execvp(command[0], command)
-        except OSError as e:
-            print(f"reaper: cannot run {command[0]}: {e}", file=sys.stderr)
-        os._exit(127)
+            code = serve()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # whatever it was, the server's process ends here
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
     def forward(sig: int, _frame) -> None:
         try:

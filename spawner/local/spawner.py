@@ -17,8 +17,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner
+from jupyterhub.utils import random_port
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Bool, Dict, Float, List, Unicode, default
@@ -32,12 +34,13 @@ from ..core.record import ServerRecord
 from ..core.shared_data import home_link, shared_data_env
 from ..lifecycle.mixin import GPUSpawnerMixin
 from ..lifecycle.moving import MoveRefused, UndoMove
-from . import leftovers, moves, view
+from . import home_links, leftovers, moves, view
 from .accounts import Account, own_account, server_user_mode, system_account
 from .disks import LocalDiskStore, link_disks
 from .environments import singleuser_of
 from .inventory import DevicePool
 from .machine import DeviceSource, LocalMachine, local_machine
+from .pool import hub_pools, pool_limits, python_of, static_env
 from .reaper import reaper_command
 from .shared_data import link_shared_data
 from .workers import LocalWorkers
@@ -131,6 +134,16 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         (spawner/local/accounts.py).
 
         c.GPULocalSpawner.server_user = "per_user"
+        """,
+    )
+
+    server_pool = Dict(
+        {"enabled": True},
+        config=True,
+        help="""The server pool (spawner/local/pool.py): a warm process per server
+        environment that forks each server ready-imported. The settings' spawner.pool.
+
+        c.GPULocalSpawner.server_pool = {"enabled": True, "max_pools": 4, "min_available_mb": 512}
         """,
     )
 
@@ -321,21 +334,22 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     def make_preexec_fn(self, name):
         if self.account is not None:
             enter = self.process_setup()
-            links, self._links = self._links, None
-            shared = (self.server_home, list(self.shared_data))
+            links = self._home_links()
 
             def preexec() -> None:
                 enter()
-                if links is not None:
-                    try:
-                        link_disks(*links)
-                    except OSError as e:  # the server starts; its disks are only unlinked
-                        print(f"gputap: disks not linked into ~/disks: {e}", file=sys.stderr)
-                for path in link_shared_data(*shared) if shared[1] else []:
-                    print(f"gputap: {path} not linked into the home", file=sys.stderr)
+                home_links.make(links)
 
             return preexec
         return self.process_setup()
+
+    def _home_links(self, keep: bool = False) -> dict[str, Any]:
+        """The links this start's process makes in the home (home_links.py), once (``keep``:
+        for a pool claim, which may still fall back to a cold start)."""
+        disks = self._links
+        if not keep:
+            self._links = None
+        return home_links.describe(self.server_home, disks, list(self.shared_data))
 
     def process_setup(self) -> Callable[[], None]:
         """What a process of this server (the server, a worker's agent) does after fork:
@@ -454,7 +468,7 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         await self._link_shared_data()
         self._run_environment()
         try:
-            ip, port = await LocalProcessSpawner.start(self)
+            ip, port = await self._claim_pooled() or await LocalProcessSpawner.start(self)
             await self._wait_up(ip, port)
         except BaseException:
             if self.pid:
@@ -473,6 +487,40 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         own = [*reaper_command(), str(singleuser_of(python))] if python else None
         self.cmd = own or self._configured_cmd
 
+    async def _claim_pooled(self) -> tuple[str, int] | None:
+        """The server forked from its environment's warm pool (pool.py), started as a cold
+        start would be; None where the pool cannot (the caller then starts it cold)."""
+        prefix = reaper_command()
+        cmd = list(self.cmd)
+        if (
+            not self.server_pool.get("enabled", True)
+            or cmd[: len(prefix)] != prefix
+            or len(cmd) != len(prefix) + 1
+            or self.shell_cmd
+            or self.popen_kwargs
+        ):
+            return None  # an operator's own command: started as configured
+        if self.port == 0:
+            self.port = random_port()
+        account = self.account
+        plan = self._view_plan(account) if account and os.geteuid() == 0 else None
+        request = {
+            "argv": [cmd[-1], *self.get_args()],
+            "env": self.get_env(),
+            "home": self.home_dir,
+            "account": account.to_json() if account else None,
+            "plan": plan.to_json() if plan else None,
+            "links": self._home_links(keep=True) if account else None,
+        }
+        pools = hub_pools(pool_limits(self.server_pool))
+        pid = await pools.claim(python_of(cmd[-1]), static_env(self.environment), request)
+        if pid is None:
+            return None
+        self._links = None
+        self.pid, self.proc = pid, None
+        self.log.info("%s: forked from the server pool (pid %s)", self.who, pid)
+        return (self.ip or "127.0.0.1", self.port)
+
     async def still_running(self) -> bool:
         return bool(self.pid) and await self._signal(0)
 
@@ -489,11 +537,14 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         # time) made every other call of the hub wait behind them
         client = AsyncHTTPClient(force_instance=True, max_clients=1)
         deadline = time.monotonic() + self.http_timeout
+        often_until = time.monotonic() + 2
         try:
             while time.monotonic() < deadline:
                 if self.proc is not None and self.proc.poll() is not None:
                     code = self.proc.returncode
                     raise web.HTTPError(500, f"the server exited with code {code}")
+                if self.proc is None and not await self.still_running():
+                    raise web.HTTPError(500, "the server exited")
                 try:
                     await client.fetch(url, request_timeout=2, connect_timeout=2)
                     return
@@ -502,7 +553,8 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                         return
                 except OSError:
                     pass
-                await asyncio.sleep(0.1)
+                # a pooled server answers within a second: look often at first
+                await asyncio.sleep(0.02 if time.monotonic() < often_until else 0.1)
         finally:
             client.close()
         raise TimeoutError(f"{self.who} did not answer within {self.http_timeout} s")

@@ -47,6 +47,17 @@ class Plan:
     covers: list[Cover]
     read_only: list[Path]
 
+    def to_json(self) -> dict:
+        return {
+            "covers": [[str(c.folder), [str(k) for k in c.keep]] for c in self.covers],
+            "read_only": [str(p) for p in self.read_only],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        covers = [Cover(Path(f), [Path(k) for k in keep]) for f, keep in data["covers"]]
+        return cls(covers, [Path(p) for p in data["read_only"]])
+
 
 def passable(path: Path, uid: int, groups: Iterable[int]) -> bool:
     """Whether ``uid`` (in ``groups``) may enter the folder ``path``."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gputap_common.settings import SettingsError
+from hub_config.server_users import servers_run_as
 from spawner.local import view
 from spawner.local.accounts import (
     COMMENT,
@@ -19,7 +20,6 @@ from spawner.local.accounts import (
     account_name,
     own_account,
     server_user_mode,
-    servers_run_as,
 )
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="accounts and mounts need root")
