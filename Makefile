@@ -207,6 +207,7 @@ bench: setup setup-jh55
 	$(PY) bench/kube_spawn.py
 	$(PY) bench/billing_pg.py
 	$(PY) bench/class_spawn.py
+	$(PY) bench/instant_start.py
 	$(PY) bench/scale_out.py
 	$(PY) bench/demo_stop.py
 	$(JH55_PY) bench/kube_scale_out.py

@@ -1,10 +1,12 @@
 """The server pool, the hub's side: one warm process per server environment (forkserver.py),
 which forks a ready-imported server per claim (docs/instant-start.md).
 
-A claim that the pool cannot answer (not started yet, busy starting, gone, stale, over its
-limits) returns None: the spawner then starts the server cold, as without a pool, and the
-user sees no difference but speed. A pool process that died or went stale (its environment's
-packages changed since it imported them) is replaced in the background.
+A claim waits for a pool that is still importing (it is ready about as soon as a cold start
+would be, and spares the CPU of importing twice); a pool process that died or went stale (its
+environment's packages changed since it imported them) is replaced, and the claim waits for
+the new one. A claim the pool cannot answer (it did not start, over its memory limit, a
+refused or timed-out claim) returns None: the spawner then starts the server cold, as without
+a pool, and the user sees no difference but speed.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ log = logging.getLogger("gputap.pool")
 CHECKOUT = Path(__file__).resolve().parents[2]
 #: how long a claim may take to be forked and answered
 CLAIM_SECONDS = 10.0
-#: how long a new pool process may take to import everything
-READY_SECONDS = 120.0
+#: how long a new pool process may take to import everything (a claim waits as long)
+READY_SECONDS = 60.0
 #: environment variables a pool's imports read, which a claim must share with it
 IMPORT_ENV = ("JUPYTERHUB_SINGLEUSER_APP", "JUPYTERHUB_SINGLEUSER_EXTENSION")
 
@@ -131,7 +133,14 @@ class ServerPool:
         return signature(self.python) != self._signature
 
     async def claim(self, request: dict[str, Any]) -> int | None:
-        """Fork a server for ``request``; its reaper's pid, or None (start it cold)."""
+        """Fork a server for ``request``; its reaper's pid, or None (start it cold). A pool
+        still importing is waited for: it is ready about as soon as a cold start would be,
+        and the imports are not made twice."""
+        if not self._ready.is_set() and self.alive:
+            try:
+                await asyncio.wait_for(self._ready.wait(), READY_SECONDS)
+            except TimeoutError:
+                return None
         if not self._ready.is_set() or not self.alive:
             return None
         self.used_at = time.monotonic()
@@ -178,17 +187,16 @@ class Pools:
             pool.close()
             del self._pools[python]
             pool = None
-        if pool is None:
-            await self._add(python, env)
-            return None  # this start is cold; the next one is warm
         if any(request["env"].get(k) != env.get(k) for k in IMPORT_ENV):
             return None
-        return await pool.claim(request)
+        if pool is None:
+            pool = await self._add(python, env)
+        return await pool.claim(request) if pool is not None else None
 
-    async def _add(self, python: str, env: dict[str, str]) -> None:
+    async def _add(self, python: str, env: dict[str, str]) -> ServerPool | None:
         if available_mb() < self.limits.min_available_mb:
             log.info("server pool for %s not started: too little memory available", python)
-            return
+            return None
         while len(self._pools) >= self.limits.max_pools:
             oldest = min(self._pools.values(), key=lambda p: p.used_at)
             oldest.close()
@@ -196,6 +204,7 @@ class Pools:
         pool = ServerPool(python, env)
         self._pools[python] = pool
         await pool.start()
+        return pool
 
     async def warm(self, python: str, env: dict[str, str]) -> None:
         """Start ``python``'s pool ahead of its first claim (the default environment's, at
