@@ -98,7 +98,7 @@ def main() -> None:
         }
         singles: dict[str, list[float]] = {label: [] for label in platforms}
         classes: dict[str, Class] = {}
-        for p, options in platforms.values():
+        for p, _ in platforms.values():
             p.start()
         try:
             for p, options in platforms.values():
