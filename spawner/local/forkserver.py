@@ -25,6 +25,7 @@ packages are imported: gputap's modules come from the checkout (``-P`` and a pat
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -92,6 +93,8 @@ class _MmMap(ctypes.Structure):
     ]  # fmt: skip
 
 
+#: the pipe SIGCHLD wakes the pool's loop through (read end, write end)
+_wake_pipe: list[int] = []
 #: the claimed process's new command line and environment (never freed: the kernel reads them)
 _regions: list[ctypes.Array] = []
 
@@ -124,6 +127,28 @@ def rebirth(argv: list[str], env: dict[str, str]) -> bool:
     return libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.byref(mm), ctypes.sizeof(mm), 0) == 0
 
 
+def refresh_home_defaults() -> None:
+    """Defaults a module computed from the pool's home as it was imported, computed again for
+    the claimed server's: JupyterLab's user settings and workspaces folders (LabApp's trait
+    defaults are evaluated when its class is defined)."""
+    labapp = sys.modules.get("jupyterlab.labapp")
+    if labapp is None:
+        return
+    from jupyterlab.commands import get_user_settings_dir, get_workspaces_dir
+
+    app = labapp.LabApp
+    traits = app.class_traits()
+    # traitlets keeps a class's static defaults in a cache of its own as well
+    cached = getattr(app, "_static_immutable_initial_values", {})
+    for name, value in (
+        ("user_settings_dir", get_user_settings_dir()),
+        ("workspaces_dir", get_workspaces_dir()),
+    ):
+        traits[name].default_value = value
+        if name in cached:
+            cached[name] = value
+
+
 def become(claim: dict[str, Any]) -> None:
     """In the claimed child: what a cold start's process does before it execs."""
     from spawner.local import view
@@ -147,6 +172,7 @@ def become(claim: dict[str, Any]) -> None:
     else:
         os.makedirs(claim["home"], 0o700, exist_ok=True)
         os.chdir(claim["home"])
+    refresh_home_defaults()
 
 
 def start(claim: dict[str, Any], channel: socket.socket) -> int:
@@ -160,6 +186,9 @@ def start(claim: dict[str, Any], channel: socket.socket) -> int:
         os.close(channel.detach())
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)  # the pool's own wake-up pipe is not the server's
+        for fd in _wake_pipe:
+            os.close(fd)
         become(claim)
         from spawner.local import reaper
 
@@ -186,14 +215,24 @@ def reap(children: set[int]) -> None:
 
 
 def run(channel: socket.socket) -> None:
-    """Answer claims until the hub's end closes; then wait for the servers started."""
+    """Answer claims until the hub's end closes; then wait for the servers started. A child
+    that ended is reaped at once (SIGCHLD wakes the loop): until then its pid would still
+    answer the hub's liveness check, as a zombie."""
     children: set[int] = set()
     reader = channel.makefile("rb")
+    wake_read, wake_write = _wake_pipe[:] = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     channel.sendall(b'{"ready": true}\n')
     while True:
-        ready, _, _ = select.select([channel], [], [], 1.0)
+        ready, _, _ = select.select([channel, wake_read], [], [], 1.0)
+        if wake_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_read, 512)
         reap(children)
-        if not ready:
+        if channel not in ready:
             continue
         line = reader.readline()
         if not line:

@@ -32,6 +32,8 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 CLAIM_SECONDS = 10.0
 #: how long a new pool process may take to import everything (a claim waits as long)
 READY_SECONDS = 60.0
+#: the pool process's home, which does not exist
+POOL_HOME = "/nonexistent/gputap-pool"
 #: environment variables a pool's imports read, which a claim must share with it
 IMPORT_ENV = ("JUPYTERHUB_SINGLEUSER_APP", "JUPYTERHUB_SINGLEUSER_EXTENSION")
 
@@ -102,7 +104,9 @@ class ServerPool:
         path = self.env.get("PATH", os.environ.get("PATH", ""))
         # GPUTAP_POOL marks the pool process (ps, tests); a claimed server has the claim's
         # environment alone (forkserver.py)
-        env = {**self.env, "PATH": path, "GPUTAP_POOL": "1"}
+        # a home that does not exist: what an import captures of it (forkserver.py,
+        # refresh_home_defaults) fails loudly rather than share one folder among users
+        env = {**self.env, "PATH": path, "GPUTAP_POOL": "1", "HOME": POOL_HOME}
         self.proc = await asyncio.create_subprocess_exec(
             *[self.python, "-P", "-c", BOOT, "--fd", str(theirs.fileno())],
             *["--checkout", str(CHECKOUT)],

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from tests.platform import Platform
 
@@ -96,6 +97,16 @@ def test_a_pooled_server_has_its_gpu_and_nothing_of_the_pools(platform):
     # ps shows what runs, as for a cold start
     command = " ".join(dave.cmdline())
     assert "spawner.local.reaper" in command and "jupyterhub-singleuser" in command
+    # what JupyterLab keeps for the user goes to the user's home, not the pool's
+    r = requests.put(
+        f"{platform.url}/user/dave/lab/api/settings/@jupyterlab/apputils-extension:themes",
+        headers={"Authorization": f"token {platform.user_token('dave')}"},
+        json={"raw": '{"theme": "JupyterLab Dark"}'},
+        timeout=30,
+    )
+    assert r.status_code == 204, r.text
+    settings = Path(env["HOME"], ".jupyter/lab/user-settings/@jupyterlab/apputils-extension")
+    assert (settings / "themes.jupyterlab-settings").exists()
     # no descriptor of the pool's channel to the hub is left in the server's processes
     channel = sockets(pool.pid)
     for proc in (dave, *dave.children(recursive=True)):
