@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,10 +87,21 @@ class ServerPool:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ready = asyncio.Event()
+        #: set once the pool process is ready or failed to be: what a claim waits for
+        self._settled = asyncio.Event()
         self._lock = asyncio.Lock()
         self._signature: tuple[int, ...] = ()
         self.used_at = time.monotonic()
         self.claims = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def started_with(self) -> tuple[int, ...]:
+        """The environment's packages when this pool started (signature())."""
+        return self._signature
 
     @property
     def alive(self) -> bool:
@@ -119,6 +129,7 @@ class ServerPool:
         theirs.close()
         self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
         self._ready.clear()
+        self._settled.clear()
         asyncio.ensure_future(self._wait_ready())
 
     async def _wait_ready(self) -> None:
@@ -126,12 +137,17 @@ class ServerPool:
             line = await asyncio.wait_for(self._reader.readline(), READY_SECONDS)
         except (TimeoutError, OSError):
             line = b""
-        if json.loads(line or b"{}").get("ready"):
+        try:
+            ready = json.loads(line or b"{}").get("ready")
+        except ValueError:
+            ready = False
+        if ready:
             self._ready.set()
             log.info("server pool for %s ready (pid %s)", self.python, self.proc.pid)
         else:
             log.warning("server pool for %s did not start; servers start cold", self.python)
             self.close()
+        self._settled.set()
 
     def stale(self) -> bool:
         return signature(self.python) != self._signature
@@ -140,9 +156,9 @@ class ServerPool:
         """Fork a server for ``request``; its reaper's pid, or None (start it cold). A pool
         still importing is waited for: it is ready about as soon as a cold start would be,
         and the imports are not made twice."""
-        if not self._ready.is_set() and self.alive:
+        if not self._settled.is_set():
             try:
-                await asyncio.wait_for(self._ready.wait(), READY_SECONDS)
+                await asyncio.wait_for(self._settled.wait(), READY_SECONDS)
             except TimeoutError:
                 return None
         if not self._ready.is_set() or not self.alive:
@@ -180,11 +196,18 @@ class Pools:
     def __init__(self, limits: PoolLimits):
         self.limits = limits
         self._pools: dict[str, ServerPool] = {}
+        #: environments whose pool did not start, with their packages then: not tried again
+        #: until those change (their servers start cold meanwhile)
+        self._failed: dict[str, tuple[int, ...]] = {}
 
-    async def claim(self, python: str, env: dict[str, str], request: dict[str, Any]) -> int | None:
+    async def claim(
+        self, python: str | None, env: dict[str, str], request: dict[str, Any]
+    ) -> int | None:
         """A pooled server for ``request`` in ``python``'s environment, or None (cold start);
         starts, replaces or retires pool processes as needed."""
-        if not self.limits.enabled:
+        if not self.limits.enabled or python is None:
+            return None
+        if python in self._failed and self._failed[python] == signature(python):
             return None
         pool = self._pools.get(python)
         if pool is not None and (not pool.alive or pool.stale() or pool.env != env):
@@ -195,7 +218,12 @@ class Pools:
             return None
         if pool is None:
             pool = await self._add(python, env)
-        return await pool.claim(request) if pool is not None else None
+        if pool is None:
+            return None
+        pid = await pool.claim(request)
+        if pid is None and not pool.ready:
+            self._failed[python] = pool.started_with
+        return pid
 
     async def _add(self, python: str, env: dict[str, str]) -> ServerPool | None:
         if available_mb() < self.limits.min_available_mb:
@@ -210,10 +238,10 @@ class Pools:
         await pool.start()
         return pool
 
-    async def warm(self, python: str, env: dict[str, str]) -> None:
+    async def warm(self, python: str | None, env: dict[str, str]) -> None:
         """Start ``python``'s pool ahead of its first claim (the default environment's, at
         the hub's start)."""
-        if self.limits.enabled and python not in self._pools:
+        if self.limits.enabled and python is not None and python not in self._pools:
             await self._add(python, env)
 
 
@@ -228,7 +256,7 @@ def hub_pools(limits: PoolLimits) -> Pools:
     return _pools
 
 
-def warm_pool(limits: PoolLimits, python: str, env: dict[str, str]) -> None:
+def warm_pool(limits: PoolLimits, python: str | None, env: dict[str, str]) -> None:
     """At the hub's start (its configuration is loaded in its event loop): start ``python``'s
     pool. Nothing outside a running loop (a check of the settings)."""
     try:
@@ -238,17 +266,17 @@ def warm_pool(limits: PoolLimits, python: str, env: dict[str, str]) -> None:
     loop.call_soon(lambda: asyncio.ensure_future(hub_pools(limits).warm(python, env)))
 
 
-def python_of(singleuser: str) -> str:
+def python_of(singleuser: str) -> str | None:
     """The Python that runs an environment's jupyterhub-singleuser (beside it, else its
-    ``#!`` line's, else the hub's own)."""
+    ``#!`` line's), or None where it is not run by Python (a wrapper script: its servers
+    start cold)."""
     beside = Path(singleuser).parent / "python"
     if beside.exists():
         return str(beside)
     try:
         with open(singleuser, "rb") as f:
             first = f.readline(512)
-        if first.startswith(b"#!"):
-            return first[2:].split()[0].decode()
+        interpreter = first[2:].split()[0].decode() if first.startswith(b"#!") else ""
     except (OSError, IndexError, UnicodeDecodeError):
-        pass
-    return sys.executable
+        return None
+    return interpreter if Path(interpreter).name.startswith("python") else None
