@@ -28,3 +28,13 @@ def singleuser_of(python: str) -> Path:
             return candidate
     looked = " or ".join(str(c) for c in candidates)
     raise NoSingleuser(f"no runnable {SINGLEUSER} at {looked}")
+
+
+def interpreter_of(program: str | Path) -> str | None:
+    """The interpreter a script's ``#!`` line names, or None (no such line, unreadable)."""
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(512)
+        return first[2:].split()[0].decode() if first.startswith(b"#!") else None
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None

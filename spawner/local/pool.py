@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .environments import interpreter_of
 from .forkserver import BOOT
 
 log = logging.getLogger("gputap.pool")
@@ -273,10 +274,5 @@ def python_of(singleuser: str) -> str | None:
     beside = Path(singleuser).parent / "python"
     if beside.exists():
         return str(beside)
-    try:
-        with open(singleuser, "rb") as f:
-            first = f.readline(512)
-        interpreter = first[2:].split()[0].decode() if first.startswith(b"#!") else ""
-    except (OSError, IndexError, UnicodeDecodeError):
-        return None
+    interpreter = interpreter_of(singleuser) or ""
     return interpreter if Path(interpreter).name.startswith("python") else None

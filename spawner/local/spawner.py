@@ -37,7 +37,7 @@ from ..lifecycle.moving import MoveRefused, UndoMove
 from . import home_links, leftovers, moves, view
 from .accounts import Account, own_account, server_user_mode, system_account
 from .disks import LocalDiskStore, link_disks
-from .environments import singleuser_of
+from .environments import interpreter_of, singleuser_of
 from .inventory import DevicePool
 from .machine import DeviceSource, LocalMachine, local_machine
 from .pool import hub_pools, pool_limits, python_of, static_env
@@ -195,11 +195,6 @@ class GPULocalSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     def user_mode(self) -> str:
         """What this hub's servers run as: "system", "per_user" or "hub" (accounts.py)."""
         return server_user_mode(self.server_user, self.run_as_system_user, os.geteuid())
-
-    @property
-    def own_uid(self) -> bool:
-        """Whether servers run as a Unix account other than the hub's."""
-        return self.user_mode != "hub"
 
     async def ensure_account(self) -> None:
         """Find the account this server runs as (``account``), made with its home at a
@@ -571,14 +566,7 @@ def _installation(program: str) -> list[Path]:
     script's ``#!`` line)."""
     path = Path(program)
     found = [path.parent.parent]
-    interpreter = path
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(512)
-        if first.startswith(b"#!"):
-            interpreter = Path(first[2:].split()[0].decode(errors="replace"))
-    except (OSError, IndexError):
-        pass
+    interpreter = Path(interpreter_of(path) or path)
     real = Path(os.path.realpath(interpreter))
     found += [interpreter.parent.parent, real.parent.parent]
     return found

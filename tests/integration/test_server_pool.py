@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 import requests
 
 from tests.platform import Platform
@@ -53,14 +52,6 @@ def wait_pool(platform: Platform, pools: int = 1, timeout: float = 60) -> psutil
 def sockets(pid: int) -> set[str]:
     links = (os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
     return {link for link in links if link.startswith("socket:")}
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    p = Platform(tmp_path_factory.mktemp("pool"))
-    p.start()
-    yield p
-    p.shutdown()
 
 
 def test_each_server_is_a_fresh_fork_of_the_pool_and_serves_one_user(platform):
