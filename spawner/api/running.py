@@ -51,6 +51,7 @@ def server_view(user_name: str, spawner: Any, session: dict[str, Any] | None) ->
         "cost_micro": session["cost_micro"] if session else None,
         "cost": session["cost"] if session else None,
         "notice": spawner.notice or "",
+        "time_to_ready": ready.view() if (ready := record and record.time_to_ready) else None,
     }
 
 

@@ -178,6 +178,9 @@ class ServerHandler(ServerAPIHandler):
                 "label": spawner.catalog.offering(offering).label if offering else None,
                 "count": record.count if record else None,
                 "simulated": bool(record and record.simulated),
+                "time_to_ready": ready.view()
+                if (ready := record and record.time_to_ready)
+                else None,
                 "course": record.course if record else "",
                 "environment": environment_view(spawner.server_environment) if record else None,
                 "disks": await spawner.attached_disks_view(),

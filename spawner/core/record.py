@@ -2,9 +2,9 @@
 
 The spawner makes one :class:`ServerRecord` per start, once placement has chosen; the backend
 fills in what it took (device UUIDs on one machine, the node on Kubernetes), billing's
-admission its hold, the start its ``started_at``. The record is saved in the hub's spawner
-state (:meth:`to_state`), so a hub restart knows what a running server holds and which billing
-session to close. Pure: no I/O.
+admission its hold, the start its ``started_at`` and ``time_to_ready``. The record is saved in
+the hub's spawner state (:meth:`to_state`), so a hub restart knows what a running server holds
+and which billing session to close. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .time_to_ready import TimeToReady
+
 PRICE_CLASSES = ("on-demand", "spot")
 
 
 @dataclass
 class ServerRecord:
-    """One start of one server. Mutable in two places only: ``hold_id`` is dropped once the
+    """One start of one server. Mutable in three places only: ``hold_id`` is dropped once the
     hold has become the billing session (or was released), ``started_at`` is set when
-    metering may have begun."""
+    metering may have begun, ``time_to_ready`` when the server answered."""
 
     #: the billing session's id, one per start (also the id of admission's hold)
     session_id: str
@@ -46,6 +48,8 @@ class ServerRecord:
     hold_id: str | None = None
     #: when metering may have begun (billing's session start)
     started_at: datetime | None = None
+    #: how long the start took, once the server answered
+    time_to_ready: TimeToReady | None = None
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -78,6 +82,11 @@ class ServerRecord:
             state["hold_id"] = self.hold_id
         if self.started_at is not None:
             state["started_at"] = self.started_at.isoformat()
+        if self.time_to_ready is not None:
+            state["time_to_ready"] = {
+                "seconds": self.time_to_ready.seconds,
+                "queued_seconds": self.time_to_ready.queued_seconds,
+            }
         return state
 
     @classmethod
@@ -85,6 +94,7 @@ class ServerRecord:
         """A record saved by :meth:`to_state`, or by gputap before the record was typed
         (the same keys; ``devices`` absent on Kubernetes, ``price_class`` on one machine)."""
         started = state.get("started_at")
+        ready = state.get("time_to_ready")
         return cls(
             session_id=str(state["session_id"]),
             offering=str(state["offering"]),
@@ -98,4 +108,9 @@ class ServerRecord:
             node=state.get("node"),
             hold_id=state.get("hold_id"),
             started_at=datetime.fromisoformat(started) if started else None,
+            time_to_ready=TimeToReady(
+                float(ready["seconds"]), float(ready.get("queued_seconds") or 0)
+            )
+            if ready
+            else None,
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -52,6 +53,7 @@ from ..core.placement import (
     parse_request,
 )
 from ..core.record import ServerRecord
+from ..core.time_to_ready import ready_event
 from . import faults, offers, placing, refusals, stops
 from .billing_client import BillingClient
 from .disk_mounts import disks_to_mount
@@ -275,11 +277,12 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
         A refusal (4xx: invalid options, sold out, not enough credit) reads on the spawn
         page as its sentence, not as "HTTP 409: Conflict (...)", and the next form shows it
         with what was picked selected again and the alternatives to pick instead."""
+        began = time.monotonic()
         typed, self._typed = self._typed, {}
         self._tell_desk()
         new_named = refusals.new_named(self)
         try:
-            return await self._start_placed()
+            return await self._start_placed(began)
         except web.HTTPError as e:
             if 400 <= e.status_code < 500 and e.log_message:
                 e.jupyterhub_message = e.log_message
@@ -290,14 +293,14 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
                     asyncio.ensure_future(refusals.remove_refused(self))
             raise
 
-    async def _start_placed(self):
+    async def _start_placed(self, began: float):
         # not `_start`: KubeSpawner.start calls its own `_start`, which this would shadow
         options = await self.start_request()
         environment, options = await self.environment_for(options)
         free_view, price_view = await self.gpu_views(options)
         price_class = "spot" if options.spot else "on-demand"
         prices = await self.prices_for(price_view, price_class)
-        start = Start(self.machine, self.metering, self.catalog, self.who, self.log)
+        start = Start(self.machine, self.metering, self.catalog, self.who, self.log, began)
         placement = await self.place_or_wait(start, options, free_view, prices)
         # no await since the decision: the devices are taken before any other spawn decides
         record = ServerRecord(
@@ -334,7 +337,10 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
             raise
         finally:
             self._launching = False
-        self.log.info("%s: up, billing session %s started", self.who, record.session_id)
+        self.log.info(
+            "%s: up, billing session %s started; %s",
+            *(self.who, record.session_id, record.time_to_ready.message.lower()),
+        )
         return url
 
     async def stop(self, now: bool = False) -> None:
@@ -533,6 +539,13 @@ class GPUSpawnerMixin(GPUSpawnerTraits):
         """Wake whoever is first in line if what they wait for fits now (the machine says
         what is free: on Kubernetes, what an on-demand server could take)."""
         placing.queues.poke(self.machine.queue_view())
+
+    @default("progress_ready_hook")
+    def _default_progress_ready_hook(self) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+        # the spawn page's last line says how long the start took
+        return lambda spawner, event: ready_event(
+            event, spawner.record.time_to_ready if spawner.record else None
+        )
 
     async def progress(self):
         """Spawn progress: where the spawn stands in the queue, what it was matched to."""

@@ -5,9 +5,10 @@ A :class:`Start` walks one holder ("user/server", or "user/server#wK") through t
 on every backend: **place** (now, or first come first served in the queue), **take** the
 devices (synchronously after the decision: no other start decides in between), **admit** with
 billing (a hold on the minimum billable period), **launch**, and **open** billing's session
-once it runs. It has one failure path, :meth:`Start.give_back`: what was launched is stopped,
-the devices go back, the queue's head is woken, and the hold or session is released or
-closed at zero seconds, whatever step failed and whether or not it was cancelled.
+once it runs, noting on the record how long the start took to answer (its time to ready). It
+has one failure path, :meth:`Start.give_back`: what was launched is stopped, the devices go
+back, the queue's head is woken, and the hold or session is released or closed at zero
+seconds, whatever step failed and whether or not it was cancelled.
 
 The backend's part is a :class:`~.machine.Machine` (devices by holder) and the ``launch`` and
 ``stop`` callables of the thing started; billing's is a :class:`~.metering.Metering`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
@@ -24,6 +26,7 @@ from typing import TypeVar
 from ..core.catalog import Catalog
 from ..core.placement import FreeView, Placement, Refusal, Request
 from ..core.record import ServerRecord
+from ..core.time_to_ready import TimeToReady
 from . import placing
 from .billing_client import BillingRefused, BillingUnavailable, unavailable_error
 from .machine import Machine
@@ -42,7 +45,9 @@ class Start:
         catalog: Catalog,
         holder: str,
         log: logging.Logger | logging.LoggerAdapter,
+        began: float | None = None,
     ):
+        """``began``: when the start was asked for (``time.monotonic()``; default now)."""
         self.machine = machine
         self.metering = metering
         self.catalog = catalog
@@ -51,6 +56,9 @@ class Start:
         #: what was placed and taken (None until :meth:`take`, and again once given back)
         self.record: ServerRecord | None = None
         self.admitted = False
+        self.began = time.monotonic() if began is None else began
+        #: seconds :meth:`place` waited in the queue
+        self.queued_seconds = 0.0
 
     # -- placing ----------------------------------------------------------------------------
 
@@ -66,17 +74,21 @@ class Start:
     ) -> Placement:
         """Place now, or (``may_wait``) wait in the queue; 409 saying why not
         (:func:`~.placing.place_or_wait`). Returns without yielding after the decision."""
-        return await placing.place_or_wait(
-            request,
-            holder=self.holder,
-            may_wait=may_wait,
-            catalog=self.catalog,
-            free_view=free_view,
-            prices=prices,
-            wait_seconds=wait_seconds,
-            note=note,
-            wake=self.wake,
-        )
+        entered = time.monotonic()
+        try:
+            return await placing.place_or_wait(
+                request,
+                holder=self.holder,
+                may_wait=may_wait,
+                catalog=self.catalog,
+                free_view=free_view,
+                prices=prices,
+                wait_seconds=wait_seconds,
+                note=note,
+                wake=self.wake,
+            )
+        finally:
+            self.queued_seconds += time.monotonic() - entered
 
     def decide(
         self, request: Request, view: FreeView, prices: dict[str, int]
@@ -112,7 +124,8 @@ class Start:
         stop: Callable[[], Awaitable[object]],
     ) -> T:
         """Admit (unless done), ``launch`` (which cleans up after itself when it fails), and
-        open billing at ``started_at(launched)``. Any failure, a cancellation included,
+        open billing at ``started_at(launched)``; the record notes the time to ready once
+        ``launch`` returns (the server answers). Any failure, a cancellation included,
         stops what was launched and gives everything back before it is raised."""
         launched = False
         try:
@@ -120,6 +133,9 @@ class Start:
                 await self.admit()
             result = await launch()
             launched = True
+            self._taken().time_to_ready = TimeToReady(
+                time.monotonic() - self.began, self.queued_seconds
+            )
             await self.open(await started_at(result))
         except BaseException:
             if launched:

@@ -238,6 +238,10 @@ def test_the_hub_home_shows_each_running_server_with_its_price_and_cost(platform
     small = page.locator('#gputap-servers .gputap-server[data-server="small"]')
     expect(default.locator(".gputap-card")).to_contain_text("RTX-4090")
     expect(default.locator(".gputap-price")).to_have_text("5.00/h")
+    # with how long its start took
+    expect(default.locator(".gputap-status")).to_have_text(
+        re.compile(r"running · ready \d+\.\d+ s after start")
+    )
     expect(small.locator(".gputap-card")).to_contain_text("1g.10gb")
     [session] = [s for s in platform.account("hana")["running"] if s["server_name"] == "small"]
     expect(small.locator(".gputap-price")).to_have_text(f"{session['price_per_hour']}/h")

@@ -5,6 +5,7 @@ sessions, and a data disk whose file survives a second change (docs/lab.md)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import datetime
 from decimal import Decimal
@@ -117,6 +118,10 @@ def test_panel_change_gpu_keeps_work_and_bills_exact_seconds(platform, browser, 
     # see: the card (simulated, so no numbers) and the cost ticking
     open_panel(page)
     expect(page.get_by_test_id("gputap-card")).to_contain_text("A100-80GB 1g.10gb")
+    # how long this start took, as the hub measured it
+    ready = page.get_by_test_id("gputap-time-to-ready")
+    expect(ready).to_have_text(re.compile(r"Ready \d+\.\d+ s after Start"))
+    first_ready = ready.inner_text()
     expect(page.get_by_test_id("gputap-gpu-simulated")).to_be_visible()
     expect(page.get_by_test_id("gputap-gpu-utilization")).to_have_count(0)
     cost = page.get_by_test_id("gputap-cost-so-far")
@@ -131,6 +136,9 @@ def test_panel_change_gpu_keeps_work_and_bills_exact_seconds(platform, browser, 
     expect(page.get_by_test_id("gputap-card")).to_contain_text("RTX-4090", timeout=120_000)
     assert platform.server(name)["state"]["pid"] != first_pid
     assert platform.server_env(name)["GPUTAP_OFFERING"] == "RTX-4090"
+    # the new server's own start, measured anew
+    expect(ready).to_have_text(re.compile(r"Ready \d+\.\d+ s after Start"))
+    expect(ready).not_to_have_text(first_ready)
     # same files, same open notebook (the workspace came back)
     expect(page.locator(".lm-DockPanel-tabBar")).to_contain_text("analysis.ipynb")
     assert contents(page, base, "analysis.ipynb")["status"] == 200

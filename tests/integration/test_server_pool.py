@@ -4,6 +4,7 @@ as its user, with its GPU and nothing of the pool's; a pool killed or stale is r
 start meanwhile waits for the new one); with the pool off every start is cold, as before."""
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,40 @@ def test_each_server_is_a_fresh_fork_of_the_pool_and_serves_one_user(platform):
         assert uids["bob"] != uids["carol"] and 0 not in uids.values()
     for name in ("bob", "carol"):
         platform.stop_server(name)
+
+
+def test_the_spawn_page_home_page_and_lab_say_how_long_the_start_took(platform):
+    """The time to ready the hub shows is this start's: no longer than the test itself saw
+    from its POST to the hub calling the server ready, in one sentence everywhere."""
+    wait_pool(platform)
+    platform.create_user("erin")
+    asked = time.monotonic()
+    assert platform.spawn("erin", SLICE).status_code in (201, 202)
+    platform.wait_ready("erin")
+    seen = time.monotonic() - asked
+    # the Lab panel asks with the server's own token
+    lab = {"Authorization": f"token {platform.server_env('erin')['JUPYTERHUB_API_TOKEN']}"}
+    server = requests.get(f"{platform.url}/hub/gputap/api/users/erin/server", headers=lab)
+    assert server.ok, server.text
+    ready = server.json()["time_to_ready"]
+    assert 0 < ready["seconds"] <= seen and ready["queued_seconds"] < ready["seconds"]
+    shown = re.fullmatch(r"Ready (\d\.\d\d) s after Start", ready["message"])
+    assert shown and abs(float(shown[1]) - ready["seconds"]) < 0.006, ready
+    # the hub's home page lists it with the server
+    user = {"Authorization": f"token {platform.user_token('erin')}"}
+    running = requests.get(f"{platform.url}/hub/gputap/api/running", headers=user).json()
+    assert [s["time_to_ready"] for s in running["servers"]] == [ready]
+    # the spawn page's last line (JupyterHub's ready event) says it too
+    messages: list[str] = []
+    platform.follow_progress("erin", messages).join(30)
+    assert messages[-1] == f"Server ready at /user/erin/, {shown[1]} s after Start"
+    # a new start is measured anew
+    platform.stop_server("erin")
+    assert platform.spawn("erin", CPU).status_code in (201, 202)
+    platform.wait_ready("erin")
+    again = requests.get(f"{platform.url}/hub/gputap/api/users/erin/server", headers=user)
+    assert again.json()["time_to_ready"]["seconds"] != ready["seconds"]
+    platform.stop_server("erin")
 
 
 def test_a_pooled_server_has_its_gpu_and_nothing_of_the_pools(platform):

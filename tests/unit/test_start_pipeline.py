@@ -142,3 +142,47 @@ async def test_simulated_cards_are_on_the_node_their_inventory_file_names(tmp_pa
     bare.write_text("gpus:\n  - card: T4\n")
     unnamed = LocalMachine(DeviceSource("file", str(bare), (), "host-name"))
     assert (await unnamed.pool(CATALOG)).node == "host-name"
+
+
+async def test_a_start_notes_its_time_to_ready_with_its_wait_in_the_queue():
+    """The record says how long the start took until its server answered, and how much of it
+    was the queue's; the sentence the spawn page, the home page and Lab show says both."""
+    made, billing = await machine(), BillingDouble()
+    card = two_free(made)
+    first, second = start_on(made, billing, "ada"), start_on(made, billing, "bob")
+    placed(first, made, card), placed(second, made, card)
+    third = start_on(made, billing, "cyd")
+    prices = dict.fromkeys([*made.pool_now.free_view().keys(), CPU_KEY], 1_000_000)
+
+    async def free_one_later() -> None:
+        await asyncio.sleep(0.8)
+        await first.give_back()
+
+    freeing = asyncio.ensure_future(free_one_later())
+    placement = await third.place(
+        CardRequest(card, 1),
+        free_view=made.queue_view,
+        prices=prices,
+        may_wait=True,
+        wait_seconds=10,
+        note=lambda _note: None,
+    )
+    await freeing
+    record = third.take(placement, ServerRecord(str(uuid.uuid4()), placement.offering.key, 1))
+    assert record.time_to_ready is None, "not ready before it answers"
+
+    async def launch() -> str:
+        await asyncio.sleep(0.3)
+        return "http://127.0.0.1:1/"
+
+    async def stop() -> None:
+        raise AssertionError("nothing to stop: the start ran")
+
+    await third.run(launch, at, stop)
+    ready = record.time_to_ready
+    assert 0.7 <= ready.queued_seconds < 3
+    assert ready.queued_seconds + 0.3 <= ready.seconds < ready.queued_seconds + 3
+    assert ready.message.startswith(f"Ready {ready.seconds:.2f} s after Start (")
+    assert "waiting in the queue for a GPU" in ready.message
+    # the hub's spawner state keeps it across a hub restart
+    assert ServerRecord.from_state(record.to_state()).time_to_ready == ready

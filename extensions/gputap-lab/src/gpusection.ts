@@ -11,10 +11,18 @@ export class GPUSection {
     class: 'gputap-environment',
     'data-testid': 'gputap-environment'
   });
+  private _ready = h('div', { class: 'gputap-muted', 'data-testid': 'gputap-time-to-ready' });
   private _body = h('div', { class: 'gputap-gpu-body' });
 
   constructor(private _model: GPUTapModel) {
-    fill(this.node, h('h3', {}, 'GPU'), this._card, this._environment, this._body);
+    fill(
+      this.node,
+      h('h3', {}, 'GPU'),
+      this._card,
+      this._environment,
+      this._ready,
+      this._body
+    );
   }
 
   update(): void {
@@ -29,6 +37,9 @@ export class GPUSection {
         ...environment.tags.map(tag => h('span', { class: 'gputap-tag' }, tag))
       );
     }
+    const ready = server?.time_to_ready;
+    this._ready.hidden = !ready;
+    this._ready.textContent = ready ? ready.message : '';
     const label = server?.label || server?.offering || '';
     fill(
       this._card,

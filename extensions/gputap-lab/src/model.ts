@@ -119,6 +119,15 @@ export interface IStopNotice {
   restarting?: boolean;
 }
 
+/** How long a start took, from the hub's start of the server to its first answer. */
+export interface ITimeToReady {
+  seconds: number;
+  /** of which waiting in the queue for a GPU */
+  queued_seconds: number;
+  /** the sentence the spawn page and the hub's home page show too */
+  message: string;
+}
+
 /** The environment the server runs (the spawn form's choice). */
 export interface IEnvironment {
   key: string;
@@ -136,6 +145,8 @@ export interface IServer {
   label: string;
   count: number;
   simulated: boolean;
+  /** how long this server's start took (absent until it answered) */
+  time_to_ready?: ITimeToReady | null;
   course: string;
   environment?: IEnvironment | null;
   disks: { name: string; path: string }[];
