@@ -18,6 +18,10 @@ Single-user pods:
 | :data:`SESSION` | | the billing session id (one per start) |
 | :data:`RESERVATION` | | the hub's reservation of the pod's GPUs until it is bound |
 
+Placeholder pods (spawner/kube/placeholders.py): :data:`PLACEHOLDER` (label: the offering as
+a slug, ``a100-80gb-1g-10gb``), :data:`OFFERING` (annotation: the offering key) and
+:data:`MANAGED_BY`.
+
 Data disks' PersistentVolumeClaims: :data:`DISK` (label ``true``), :data:`DISK_NAME`,
 :data:`CREATED_AT`, :data:`ATTACHED_TO` (absent: detached) and :data:`BILLING_SESSION`.
 """
@@ -41,6 +45,7 @@ RESERVATION = f"{PREFIX}reservation"
 WORKER = f"{PREFIX}worker"
 GROUP = f"{PREFIX}group"
 ROLE = f"{PREFIX}role"
+PLACEHOLDER = f"{PREFIX}placeholder"
 
 DISK = f"{PREFIX}disk"
 DISK_NAME = f"{PREFIX}disk-name"

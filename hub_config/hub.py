@@ -218,6 +218,10 @@ def apply_shared(c: Any, settings: Settings, base_url: str) -> None:
     _apps(c, settings.section("apps"), set(settings.environments))
     configure_shared_data(c, settings, KUBE_HOME)
     _environments(c, settings)
+    if spawner["backend"] == "kubernetes":
+        from . import kube_backend
+
+        kube_backend.configure_shared(c, spawner, load_catalog(settings.catalog["cards"]))
     if spawner["backend"] == "local":
         # the default environment's pool imports while the hub starts: the first start is warm
         limits = pool_limits(spawner["pool"])

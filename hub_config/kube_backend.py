@@ -7,12 +7,16 @@ brings costs a one-machine hub 0.3-0.5 CPU-s at every start (docs/architecture.m
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from typing import Any
 
 from gputap_common.kube_watch import WATCH_GRACE_SECONDS
 from gputap_common.settings import SettingsError
+from spawner.core.catalog import Catalog
 from spawner.kube.homes import KUBE_HOME
+from spawner.kube.machine import keep_placeholders
+from spawner.kube.placeholders import check_wanted
 from spawner.kube.watch import WATCH_SECONDS
 
 #: when the kubelet gives a volume to fs_gid: only when its root is not the group's already
@@ -131,3 +135,67 @@ def _hub_for_pods(c: Any, kube: dict[str, Any], hub_port: int) -> None:
             f"spawner.kubernetes.hub_connect_url too, e.g. http://10.42.0.1:{hub_port}"
         )
     c.JupyterHub.hub_ip = str(address)
+
+
+#: the placeholder keepers running in this hub (a task nobody holds may be collected)
+_keepers: set[asyncio.Task] = set()
+#: how long one request of KubeSpawner's to the API server (a home's claim, a pod) may take
+API_REQUEST_SECONDS = 30
+
+
+def configure_shared(c: Any, spawner: dict[str, Any], catalog: Catalog) -> None:
+    """What the Kubernetes backend needs on one machine and under the chart alike, after
+    the spawner's settings: the API server's time, and the placeholders."""
+    api_timeouts(c, spawner["start_timeout"])
+    placeholders(c, spawner["kubernetes"], catalog)
+
+
+def api_timeouts(c: Any, start_timeout: int) -> None:
+    """KubeSpawner gives one request 3 s and its retries 30 s, then fails the start. A class
+    clicking Start at once slows the API server past both (bench/kube_spawn.py: 500 users
+    in 10 s), and a request killed at 3 s is sent again, adding to the load: a slow API
+    server delays a start rather than failing it, up to the start's own timeout
+    (docs/kubernetes.md, "Watches"). An operator's own values stay."""
+    if "k8s_api_request_timeout" not in c.KubeSpawner:
+        c.KubeSpawner.k8s_api_request_timeout = min(API_REQUEST_SECONDS, start_timeout)
+    if "k8s_api_request_retry_timeout" not in c.KubeSpawner:
+        c.KubeSpawner.k8s_api_request_retry_timeout = start_timeout
+
+
+def placeholders(c: Any, kube: dict[str, Any], catalog: Catalog) -> None:
+    """``spawner.kubernetes.placeholders`` kept from the hub's start, in the servers'
+    namespace, at the spot class, tolerating what servers tolerate. Checked here, so a card
+    the catalog lacks stops the hub with one line; nothing runs outside the hub's loop (a
+    check of the settings)."""
+    wanted = {key: count for key, count in kube["placeholders"].items() if count}
+    try:
+        check_wanted(wanted, catalog)
+    except ValueError as e:
+        raise SettingsError(f"spawner.kubernetes.placeholders: {e}") from None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    if not wanted:
+        return
+    spawner_config = c.KubeSpawner
+    keeping = keep_placeholders(
+        namespace=kube["namespace"],
+        wanted=wanted,
+        catalog=catalog,
+        priority_class=kube["priority_classes"]["spot"] or "gputap-spot",
+        image=kube["placeholder_image"],
+        tolerations=c.GPUKubeSpawner.get("tolerations", spawner_config.get("tolerations")) or [],
+        api={
+            "host": spawner_config.get("k8s_api_host"),
+            "ssl_ca_cert": spawner_config.get("k8s_api_ssl_ca_cert"),
+            "verify_ssl": spawner_config.get("k8s_api_verify_ssl"),
+        },
+    )
+
+    def start() -> None:
+        task = asyncio.ensure_future(keeping)
+        _keepers.add(task)
+        task.add_done_callback(_keepers.discard)
+
+    loop.call_soon(start)

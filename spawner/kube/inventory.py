@@ -248,8 +248,10 @@ class ClusterInventory:
         self.preemptible_view = FreeView()
         self._used: dict[str, Counter[str]] = {}
         self._spot_used: dict[str, Counter[str]] = {}
-        # pod uid -> (node, requests, spot) for pods that hold resources
-        self._holding: dict[str, tuple[str, Counter[str], bool]] = {}
+        #: what placeholder pods hold (spawner/kube/placeholders.py), part of _spot_used
+        self._placeholder_used: dict[str, Counter[str]] = {}
+        # pod uid -> (node, requests, spot, placeholder) for pods that hold resources
+        self._holding: dict[str, tuple[str, Counter[str], bool, bool]] = {}
         # placements made but whose pod is not yet seen bound: holder -> (node, requests)
         self._reserved: dict[str, tuple[str, Counter[str]]] = {}
         #: node -> resource -> units of faulty devices kept out (hold_out), nodes not (yet)
@@ -364,33 +366,52 @@ class ClusterInventory:
         phase = (pod.get("status") or {}).get("phase")
         holds = event != "DELETED" and node_name and phase not in labels.TERMINAL_PHASES
         wanted = pod_requests(pod) + host_requests(pod) if holds else Counter()
-        # interruptible pods, which on-demand pods may preempt
-        spot = (meta.get("labels") or {}).get(labels.PRICE_CLASS) == "spot"
+        # interruptible pods, which on-demand pods may preempt: spot servers and placeholders
+        pod_labels = meta.get("labels") or {}
+        placeholder = labels.PLACEHOLDER in pod_labels
+        spot = placeholder or pod_labels.get(labels.PRICE_CLASS) == "spot"
         previous = self._holding.pop(uid, None)
         if previous is not None:
-            old_node, old_wanted, was_spot = previous
+            old_node, old_wanted, was_spot, was_placeholder = previous
             self._used[old_node].subtract(old_wanted)
             if was_spot:
                 self._spot_used[old_node].subtract(old_wanted)
+            if was_placeholder:
+                self._placeholder_used[old_node].subtract(old_wanted)
             if old_node != node_name:
                 self._refresh(old_node)
         if holder and (holds or event == "DELETED" or phase in labels.TERMINAL_PHASES):
             self.release(holder)  # the pod itself is counted from now on
         if holds and wanted:
-            self._holding[uid] = (node_name, wanted, spot)
+            self._holding[uid] = (node_name, wanted, spot, placeholder)
             self._used.setdefault(node_name, Counter()).update(wanted)
             if spot:
                 self._spot_used.setdefault(node_name, Counter()).update(wanted)
+            if placeholder:
+                self._placeholder_used.setdefault(node_name, Counter()).update(wanted)
         if node_name:
             self._refresh(node_name)
 
+    def shortfall(self, node_name: str, key: str) -> int:
+        """Units of offering ``key`` that pods bound to ``node_name`` and reservations on it
+        ask beyond what it gives: a start placed on room that spot servers or placeholders
+        hold, which one of them must leave."""
+        node = self.nodes.get(node_name)
+        if node is None or key not in node.resources:
+            return 0
+        resource, allocatable = node.resources[key]
+        used = self._used.get(node_name, Counter())[resource]
+        return max(0, used - self._usable(node, resource, allocatable))
+
     def room(self, node_name: str) -> tuple[int, int] | None:
-        """CPU (millicores) and memory (bytes) of a node that no pod bound to it requests;
-        None for a node not known."""
+        """CPU (millicores) and memory (bytes) of a node that no pod bound to it requests,
+        placeholders apart (a server takes their room); None for a node not known."""
         node = self.nodes.get(node_name)
         if node is None:
             return None
-        used = self._used.get(node_name, Counter())
+        used = self._used.get(node_name, Counter()) - self._placeholder_used.get(
+            node_name, Counter()
+        )
         return node.cpu_milli - used["cpu"], node.memory_bytes - used["memory"]
 
     def reset(self) -> None:

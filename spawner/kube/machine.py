@@ -9,10 +9,12 @@ turns a placement into the pod settings that ask for it (spawner/kube/objects.py
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from kubernetes_asyncio.client import ApiException
 from kubespawner.clients import load_config, shared_client
 from tornado import web
 
@@ -24,7 +26,10 @@ from ..core.record import ServerRecord
 from ..lifecycle import faults, placing
 from .health import KubeHealthWatcher
 from .objects import gpu_pod_settings
+from .placeholders import PlaceholderKeeper, placeholders_to_evict
 from .watch import ClusterWatcher
+
+log = logging.getLogger(__name__)
 
 
 def reservation(holder: str, record: ServerRecord) -> str:
@@ -121,6 +126,28 @@ class KubeMachine:
 
     # -- pods --------------------------------------------------------------------------------
 
+    async def make_room(self, placement: Placement, log: Any) -> None:
+        """Before an on-demand pod is made: delete the placeholders holding the room it was
+        placed on (spawner/kube/placeholders.py). The hub does it, not the scheduler's
+        preemption, which among pods of one priority (placeholders and spot servers) evicts
+        the newest, a spot server as soon as a placeholder."""
+        if self.watcher is None or placement.node is None:
+            return
+        short = self.watcher.inventory.shortfall(placement.node, placement.offering.key)
+        if not short:
+            return
+        resource = self.watcher.inventory.resource_of(placement.node, placement.offering.key)
+        for namespace, name in placeholders_to_evict(
+            self.watcher.pods, placement.node, resource, short
+        ):
+            try:
+                # its own grace period (0): the kubelet ends it at once and frees its device
+                await self.watcher.api.delete_namespaced_pod(name, namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            log.info("placeholder %s/%s gives its room on %s", namespace, name, placement.node)
+
     async def pod_settings(
         self,
         placement: Placement,
@@ -179,3 +206,41 @@ async def start_health_watch(
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, lambda: load_config(**(api or {})))
     await kube_machine().started(catalog, tolerations)
+
+
+async def keep_placeholders(
+    *,
+    namespace: str,
+    wanted: Mapping[str, int],
+    catalog: Catalog,
+    priority_class: str,
+    image: str,
+    tolerations: Iterable[Mapping[str, Any]] = (),
+    api: Mapping[str, Any] | None = None,
+) -> None:
+    """From the hub's start: the hub's cluster watch (shared with its spawners), then the
+    keeper, woken by every change the watch sees. No spawner exists yet to load the
+    client's configuration, so it is loaded here as KubeSpawner does (``api``: its
+    k8s_api_host, k8s_api_ssl_ca_cert and k8s_api_verify_ssl, where configured)."""
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, lambda: load_config(**(api or {})))
+    watcher = await kube_machine().started(catalog, list(tolerations))
+    await watcher.ready()
+    keeper = PlaceholderKeeper(
+        shared_client("CoreV1Api"),
+        namespace=namespace,
+        wanted=wanted,
+        catalog=catalog,
+        nodes=lambda: watcher.inventory.nodes,
+        pods=lambda: watcher.pods,
+        priority_class=priority_class,
+        image=image,
+        tolerations=tolerations,
+    )
+    watcher.on_change.append(lambda _view: keeper.changed.set())
+    log.info(
+        "keeping placeholders in %s: %s",
+        namespace,
+        ", ".join(f"{n} × {key}" for key, n in sorted(keeper.wanted.items())),
+    )
+    await keeper.run()

@@ -28,7 +28,7 @@ from kubespawner.utils import get_k8s_model
 
 from gputap_common import labels as keys
 
-from ..core.catalog import Catalog
+from ..core.catalog import Catalog, Offering
 from ..core.placement import Placement
 from .inventory import (
     GPU_RESOURCE,
@@ -50,10 +50,10 @@ def label(value: str) -> str:
     return safe_slug(value, is_valid=is_valid_label, max_length=63) if value else ""
 
 
-def gpu_resource(placement: Placement) -> str:
+def gpu_resource(placement: Placement | Offering) -> str:
     """The resource an offering is requested as on nodes where each offering has its own:
     the MIG mixed strategy and renamed time-slicing."""
-    offering = placement.offering
+    offering = placement.offering if isinstance(placement, Placement) else placement
     if offering.kind == "slice":
         return f"{MIG_PREFIX}{offering.profile}"
     if offering.kind == "shared":
@@ -135,18 +135,10 @@ def gpu_pod_settings(
     resource = resource or gpu_resource(placement)
     if not product:
         raise ValueError(f"{offering.key}: the node's {PRODUCT_LABEL} label is needed")
-    card = catalog.card(offering.card)
-    labels[keys.CARD] = card.sku
-    share = 1.0
-    if offering.kind == "slice":
-        labels[keys.SLICE] = offering.profile
-        share = card.profile(offering.profile).compute_slices / card.mig_slices
-    elif offering.kind == "shared":
-        labels[keys.SLICE] = "shared"
-        share = 0.25  # a time-sliced share: a quarter of a card's CPU and memory
-    units = placement.count * share
-    cpu = round(card.cpu_per_gpu * units, 2)
-    memory = f"{max(1, round(card.memory_gb_per_gpu * units))}G"
+    labels[keys.CARD] = catalog.card(offering.card).sku
+    if offering.kind in ("slice", "shared"):
+        labels[keys.SLICE] = offering.profile if offering.kind == "slice" else "shared"
+    cpu, memory = server_size(offering, catalog, placement.count)
     if room is not None:
         cpu_room, memory_room = max(0, room[0]), max(0, room[1])
         if cpu * 1000 > cpu_room:
@@ -163,6 +155,20 @@ def gpu_pod_settings(
         mem_limit=memory,
     )
     return settings
+
+
+def server_size(offering: Offering, catalog: Catalog, count: int = 1) -> tuple[float, str]:
+    """The CPU cores and memory (``"120G"``) ``count`` units of a GPU offering are given: the
+    card's per-GPU share (a slice counts as its share of a card, a time-sliced share as a
+    quarter)."""
+    card = catalog.card(offering.card)
+    share = 1.0
+    if offering.kind == "slice":
+        share = card.profile(offering.profile).compute_slices / card.mig_slices
+    elif offering.kind == "shared":
+        share = 0.25
+    units = count * share
+    return round(card.cpu_per_gpu * units, 2), f"{max(1, round(card.memory_gb_per_gpu * units))}G"
 
 
 def _notebook_container(pod: V1Pod) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from jupyterhub.utils import url_path_join, wait_for_http_server
 from kubernetes_asyncio.client import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.clients import shared_client
@@ -249,7 +250,9 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
 
     async def launch(self, placement: Placement) -> str:
         """What the pod gets beyond KubeSpawner's configuration (get_pod_manifest applies
-        it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs."""
+        it), then KubeSpawner's own start: the home's claim, the pod, waiting until it runs,
+        and then until the server answers, as the hub's own check does (the start's time to
+        ready ends there; billing started when the container did)."""
         record = self.record
         settings = await self.placed_pod_settings(placement, record, self.who)
         if self.server_environment.image:  # else the configured image (gputap's own environment)
@@ -265,9 +268,14 @@ class GPUKubeSpawner(GPUSpawnerMixin, KubeSpawner):
             self.spot_priority_class if spot else self.on_demand_priority_class
         )
         self._pod_settings = settings
+        if not spot:
+            await self.machine.make_room(placement, self.log)
         self._pod_requested = True
         self._pod_asked_at = clock.utcnow()
-        return await KubeSpawner.start(self)
+        url = await KubeSpawner.start(self)
+        api = url_path_join(url, self.server.base_url, "api")
+        await wait_for_http_server(api, timeout=self.http_timeout)
+        return url
 
     async def get_pod_manifest(self):
         """KubeSpawner's pod for this server, with what placement and the disks add."""

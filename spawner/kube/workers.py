@@ -113,6 +113,8 @@ class KubeWorkers:
             count=record.count,
         )
         await self._ensure_policy(server)
+        if record.price_class != "spot":
+            await spawner.machine.make_room(worker.placement, spawner.log)
         name = manifest["metadata"]["name"]
         worker.handle["pod"] = name
         await spawner.api.create_namespaced_pod(spawner.namespace, manifest)
