@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +58,9 @@ c.KubeSpawner.profile_list = [{{
     }},
 }}]
 """
+
+#: users a page of the hub's REST API holds (JupyterHub's default api_page_max_limit)
+PAGE = 200
 
 GPUTAP_OPTIONS = {"kind": "slice", "card": "H100-80GB", "profile": "1g.10gb"}
 STOCK_OPTIONS = {"profile": "slice"}
@@ -111,6 +115,23 @@ def sequential(platform: Platform, prefix: str, options: dict, n: int) -> list[f
     return times
 
 
+def ready_users(platform: Platform) -> set[str]:
+    """Users whose default server the hub reports ready, page by page (the hub answers at
+    most PAGE users a request: JupyterHub's api_page_max_limit)."""
+    found: set[str] = set()
+    offset = 0
+    while True:
+        params = {"state": "active", "offset": offset, "limit": PAGE}
+        page = platform.get("/users", params=params).json()
+        for user in page:
+            server = user.get("servers", {}).get("")
+            if server and server.get("ready"):
+                found.add(user["name"])
+        if len(page) < PAGE:
+            return found
+        offset += len(page)
+
+
 def burst(platform: Platform, users: int, window: float, options: dict) -> tuple[list[float], int]:
     """Users POST spread over ``window`` seconds; one poller notes when the hub reports each
     ready. Seconds from each POST to ready, and how many got an error (a refusal, a failed
@@ -141,10 +162,9 @@ def burst(platform: Platform, users: int, window: float, options: dict) -> tuple
         deadline = start + window + 300
         while len(ready) + len(errors) < users and time.perf_counter() < deadline:
             now = time.perf_counter()
-            for user in platform.get("/users", params={"state": "active"}).json():
-                server = user.get("servers", {}).get("")
-                if server and server.get("ready") and user["name"] in asked:
-                    ready.setdefault(user["name"], now)
+            for name in ready_users(platform):
+                if name in asked:
+                    ready.setdefault(name, now)
             time.sleep(0.1)
         for future in posts:
             future.result()
@@ -154,7 +174,22 @@ def burst(platform: Platform, users: int, window: float, options: dict) -> tuple
         platform.stop_server(name, wait=False)
     for name in names:
         platform.wait_stopped(name, timeout=300)
+    for reason, count in Counter(e[:120] for e in errors.values()).most_common(5):
+        print(f"    {count} × {reason}", file=sys.stderr)
     return [ready[n] - asked[n] for n in ready], len(errors)
+
+
+def clear_pods(cluster, namespace: str = "gputap", timeout: float = 300) -> None:
+    """Delete what a hub left in ``namespace`` (servers whose start it gave up on) and wait
+    until it is empty: the next hub starts on the same free cluster."""
+    api = kube_api(cluster)
+    for pod in api.list_namespaced_pod(namespace).items:
+        api.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    deadline = time.monotonic() + timeout
+    while api.list_namespaced_pod(namespace).items:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pods of {namespace} still there after {timeout} s")
+        time.sleep(1)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -184,14 +219,17 @@ def main() -> None:
         try:
             stock_times = sequential(stock, "s", STOCK_OPTIONS, args.spawns)
             stock_burst, stock_errors = burst(stock, args.users, args.window, STOCK_OPTIONS)
+            print(f"stock median {statistics.median(stock_times):.3f} s", file=sys.stderr)
         finally:
             stock.shutdown()
+        clear_pods(cluster)
 
         ours = platform_for(root / "gputap", cluster, CONFIG)
         ours.start()
         try:
             our_times = sequential(ours, "g", GPUTAP_OPTIONS, args.spawns)
             burst_times, errors = burst(ours, args.users, args.window, GPUTAP_OPTIONS)
+            print(f"gputap median {statistics.median(our_times):.3f} s", file=sys.stderr)
         finally:
             ours.shutdown()
 
