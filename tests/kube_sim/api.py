@@ -152,6 +152,10 @@ class Api:
         except ValueError as e:
             raise ApiError(400, "BadRequest", str(e)) from e
 
+    def view(self, rt: ResourceType, namespace: str | None = None) -> list[Obj]:
+        """The stored objects themselves, read-only (Store.view): for simulated controllers."""
+        return self.store.view(rt.api_version, rt.kind, namespace)
+
     def create(self, rt: ResourceType, namespace: str, obj: Obj, requester: Any = None) -> Obj:
         """POST; ``requester`` (a client's identity) puts it through validating admission."""
         obj = copy.deepcopy(obj)

@@ -301,7 +301,7 @@ class Scheduler(ControlLoop):
     def _pending(self) -> list[Obj]:
         pending = [
             p
-            for p in self.api.list(POD)
+            for p in self.api.view(POD)
             if not p["spec"].get("nodeName")
             and not p["metadata"].get("deletionTimestamp")
             and p["status"].get("phase") == "Pending"
@@ -320,8 +320,8 @@ class Scheduler(ControlLoop):
         """One pass over the Pending pods, highest priority first."""
         for pod in self._pending():
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-            nodes = self.api.list(NODE)
-            unresolvable = storage.prefilter(self.api, pod, self.api.list(POD))
+            nodes = self.api.view(NODE)
+            unresolvable = storage.prefilter(self.api, pod, self.api.view(POD))
             if unresolvable:
                 self._unschedulable(pod, f"0/{len(nodes)} nodes are available: {unresolvable}.")
                 continue
@@ -329,14 +329,14 @@ class Scheduler(ControlLoop):
             def volumes(node: Obj, pod: Obj = pod) -> str | None:
                 return storage.node_reason(self.api, pod, node)
 
-            placement = place(pod, nodes, self.api.list(POD), volumes)
+            placement = place(pod, nodes, self.api.view(POD), volumes)
             if placement.node is None:
-                plan = preemption_plan(pod, nodes, self.api.list(POD), volumes)
+                plan = preemption_plan(pod, nodes, self.api.view(POD), volumes)
                 if plan is None:
                     self._unschedulable(pod, placement.message)
                     continue
                 self._preempt(pod, *plan)
-                placement = place(pod, nodes, self.api.list(POD), volumes)
+                placement = place(pod, nodes, self.api.view(POD), volumes)
                 if placement.node is None:
                     continue
             if self.faults.bind_delay:
@@ -344,7 +344,7 @@ class Scheduler(ControlLoop):
                 current = self.api.find(POD, ns, name)
                 if current is None or current["spec"].get("nodeName"):
                     continue
-                placement = place(current, self.api.list(NODE), self.api.list(POD), volumes)
+                placement = place(current, self.api.view(NODE), self.api.view(POD), volumes)
                 if placement.node is None:
                     continue
             try:

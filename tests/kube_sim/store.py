@@ -291,13 +291,23 @@ class Store:
         labels_req = parse_label_selector(label_selector)
         parse_field_selector(field_selector)  # validate even when nothing matches
         out = []
-        for (av, k, ns, _), obj in sorted(self._objects.items()):
-            if av != api_version or k != kind or (namespace and ns != namespace):
-                continue
+        for obj in self.view(api_version, kind, namespace):
             labels = obj["metadata"].get("labels") or {}
             if all(r.matches(labels) for r in labels_req) and fields_match(field_selector, obj):
                 out.append(copy.deepcopy(obj))
         return out
+
+    def view(self, api_version: str, kind: str, namespace: str | None = None) -> list[Obj]:
+        """The stored objects of a kind themselves, ordered by namespace then name, for the
+        simulated controllers that only read them (the scheduler, the kubelet's volume
+        checks): every write stores a new object, so each is a snapshot; never mutate one.
+        Deep copies of every pod for each pending pod made a burst's scheduling quadratic."""
+        found = [
+            (key, obj)
+            for key, obj in self._objects.items()
+            if key[0] == api_version and key[1] == kind and (not namespace or key[2] == namespace)
+        ]
+        return [obj for _, obj in sorted(found, key=lambda item: item[0])]
 
     def events_since(self, rv: int) -> list[WatchEvent]:
         """History events after rv; ApiError 410 if some of them were compacted away."""

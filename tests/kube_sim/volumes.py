@@ -181,7 +181,7 @@ class Volumes:
 
     def attach_error(self, pod: Obj) -> str | None:
         """The Multi-Attach error that keeps the pod ContainerCreating, or None."""
-        conflict = storage.attach_conflict(self.api, pod, self.api.list(POD))
+        conflict = storage.attach_conflict(self.api, pod, self.api.view(POD))
         return storage.multi_attach_message(*conflict) if conflict else None
 
     def mount_error(self, pod: Obj) -> str | None:
